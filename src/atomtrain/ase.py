@@ -1,0 +1,66 @@
+"""An ASE calculator for exported atomtrain models: ``Calculator("model.pt")``."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from ase.calculators.calculator import Calculator as AseCalculator
+from ase.calculators.calculator import all_changes
+
+from .data.neighbors import compute_neighbor_list
+from .errors import AtomtrainError
+from .models.export import load_exported
+
+
+class Calculator(AseCalculator):
+    """Energy, free energy, forces and (for periodic structures) stress from an
+    exported model file. Units are eV and angstrom, as ASE expects."""
+
+    implemented_properties = ["energy", "free_energy", "forces", "stress"]
+
+    def __init__(self, model_path: str, device: str = "cpu", **kwargs):
+        super().__init__(**kwargs)
+        self.device = torch.device(device)
+        self.model = load_exported(model_path, self.device)
+        self.dtype = next(self.model.parameters()).dtype
+        self.cutoff = float(self.model.cutoff)
+        self.atomic_types = set(int(z) for z in self.model.atomic_types)
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        super().calculate(atoms, properties, system_changes)
+        atoms = self.atoms
+        unknown = sorted(set(int(z) for z in atoms.numbers) - self.atomic_types)
+        if unknown:
+            raise AtomtrainError(
+                f"the model was not trained on atomic numbers {unknown}; it knows "
+                f"{sorted(self.atomic_types)}"
+            )
+        pbc = np.asarray(atoms.pbc, dtype=bool)
+        neighbors = compute_neighbor_list(
+            atoms.positions, atoms.cell.array, pbc, self.cutoff
+        )
+        compute_stress = bool(pbc.all())
+
+        def tensor(value, dtype=None):
+            return torch.as_tensor(value, dtype=dtype or self.dtype, device=self.device)
+
+        outputs = self.model(
+            positions=tensor(atoms.positions),
+            cell=tensor(atoms.cell.array).reshape(1, 3, 3),
+            atomic_numbers=tensor(atoms.numbers, torch.long),
+            system_index=torch.zeros(len(atoms), dtype=torch.long, device=self.device),
+            pair_first=neighbors.first.to(self.device),
+            pair_second=neighbors.second.to(self.device),
+            cell_shifts=tensor(neighbors.cell_shifts),
+            periodic=tensor([bool(pbc.any())], torch.bool),
+            compute_forces=True,
+            compute_stress=compute_stress,
+            create_graph=False,
+        )
+        energy = float(outputs["energy"].detach().cpu()[0])
+        self.results["energy"] = energy
+        self.results["free_energy"] = energy
+        self.results["forces"] = outputs["forces"].detach().cpu().numpy().astype(np.float64)
+        if compute_stress:
+            stress = outputs["stress"].detach().cpu().numpy()[0].astype(np.float64)
+            self.results["stress"] = stress.reshape(9)[[0, 4, 8, 5, 2, 1]]

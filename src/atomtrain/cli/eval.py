@@ -1,0 +1,165 @@
+"""``atomtrain eval model.pt DATA``: metrics and predictions of an exported model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import ase
+import ase.io
+import torch
+import yaml
+from ase.calculators.singlepoint import SinglePointCalculator
+
+from ..data.system import Structure
+from ..distributed import single_process
+from ..errors import OptionsError
+from ..io import atomic_write
+from ..models.export import load_exported
+from ..options import DatasetOptions
+from ..training.datasets import read_dataset
+from ..training.evaluation import local_batches, predict
+from ..training.loop import metrics_table
+from ..training.metrics import MetricSums, finalize
+from ..training.outputs import LOGGER_NAME, setup_logging
+from .export import check_output_path
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "eval",
+        help="evaluate an exported model on a data set",
+        description="Predict energies, forces and stress of an exported model on DATA (an "
+        "extended XYZ file, or a YAML file with systems and targets as in metatrain's eval), "
+        "print RMSE and MAE where the data has reference values, and write the predictions "
+        "as extended XYZ with a parity plot beside them.",
+    )
+    parser.add_argument("model", type=Path, help="exported model file (model.pt)")
+    parser.add_argument(
+        "data", type=Path, help="extended XYZ file or YAML data description"
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("predictions.xyz"),
+        help="predictions file (default: predictions.xyz); the parity plot "
+        "goes next to it as .png",
+    )
+    parser.add_argument(
+        "-b",
+        "--batch-size",
+        type=int,
+        default=16,
+        help="structures per evaluation batch (default: 16)",
+    )
+    parser.set_defaults(run=run)
+
+
+def dataset_options(path: Path) -> DatasetOptions:
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        return DatasetOptions.model_validate({"systems": str(path)})
+    if not path.exists():
+        raise OptionsError(f"{path}: data description file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise OptionsError(f"{path}: YAML syntax error: {error}") from error
+    from ..options import parse_options
+
+    options = parse_options({"training_set": data}, str(path), path.parent.resolve())
+    return options.training_set
+
+
+def write_predictions(
+    path: Path, structures: list[Structure], predictions: list[dict]
+) -> None:
+    frames = []
+    for structure, predicted in zip(structures, predictions):
+        atoms = ase.Atoms(
+            numbers=structure.atomic_numbers.numpy(),
+            positions=structure.positions.numpy(),
+            cell=structure.cell.numpy(),
+            pbc=structure.pbc.numpy(),
+        )
+        atoms.calc = SinglePointCalculator(atoms, **predicted)
+        frames.append(atoms)
+    atomic_write(path, lambda temporary: ase.io.write(temporary, frames, format="extxyz"))
+
+
+def parity_plot(path: Path, pairs: dict[str, tuple[list[float], list[float]]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(pairs), figsize=(4.5 * len(pairs), 4))
+    axes = axes if hasattr(axes, "__len__") else [axes]
+    for axis, (name, (reference, predicted)) in zip(axes, pairs.items()):
+        axis.scatter(reference, predicted, s=4, alpha=0.6)
+        low, high = min(reference + predicted), max(reference + predicted)
+        axis.plot([low, high], [low, high], color="black", linewidth=0.8)
+        axis.set_xlabel(f"reference {name}")
+        axis.set_ylabel(f"predicted {name}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    setup_logging(0, None)
+    check_output_path(arguments.output)
+    model = load_exported(arguments.model)
+    dtype = next(model.parameters()).dtype
+    structures = read_dataset(dataset_options(arguments.data), require_energy=False)
+    forces = True
+    stress = all(structure.pbc.all() for structure in structures)
+    context = single_process(torch.device("cpu"))
+    sums = MetricSums(context.device)
+    predictions: list[dict] = []
+    indices = list(range(len(structures)))
+    for chunk, batch in local_batches(
+        structures, indices, arguments.batch_size, model.cutoff
+    ):
+        batch = batch.to(context.device, dtype)
+        predicted = predict(model, batch, forces, stress)
+        sums.accumulate(predicted, batch)
+        offsets = torch.cumsum(batch.n_atoms, 0) - batch.n_atoms
+        for position, _ in enumerate(chunk):
+            start, count = int(offsets[position]), int(batch.n_atoms[position])
+            entry = {
+                "energy": float(predicted["energy"][position]),
+                "forces": predicted["forces"][start : start + count]
+                .detach()
+                .double()
+                .numpy(),
+            }
+            if stress:
+                entry["stress"] = predicted["stress"][position].detach().double().numpy()
+            predictions.append(entry)
+    write_predictions(arguments.output, structures, predictions)
+    metrics = finalize(sums.values)
+    if metrics:
+        logger.info(metrics_table({arguments.data.name: metrics}))
+        pairs = parity_pairs(structures, predictions)
+        parity_plot(arguments.output.with_suffix(".png"), pairs)
+    logger.info(f"wrote predictions for {len(structures)} structures to {arguments.output}")
+    return 0
+
+
+def parity_pairs(structures, predictions) -> dict[str, tuple[list[float], list[float]]]:
+    pairs: dict[str, tuple[list[float], list[float]]] = {}
+    if all(structure.energy is not None for structure in structures):
+        pairs["energy per atom (eV)"] = (
+            [s.energy / s.n_atoms for s in structures],
+            [p["energy"] / s.n_atoms for s, p in zip(structures, predictions)],
+        )
+    if all(structure.forces is not None for structure in structures):
+        pairs["force component (eV/A)"] = (
+            torch.cat([s.forces.reshape(-1) for s in structures]).tolist(),
+            [v for p in predictions for v in p["forces"].reshape(-1).tolist()],
+        )
+    return pairs

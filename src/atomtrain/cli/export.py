@@ -1,0 +1,45 @@
+"""``atomtrain export model.ckpt -o model.pt``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import AtomtrainError
+from ..models.export import export
+from ..training.checkpoint import load_checkpoint, model_from_checkpoint
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "export",
+        help="export a checkpoint to a TorchScript model file",
+        description="Export the best model of a checkpoint to one TorchScript file, usable "
+        "without atomtrain's training code (e.g. from ASE with atomtrain.ase.Calculator).",
+    )
+    parser.add_argument(
+        "checkpoint", type=Path, help="checkpoint (.ckpt) written by training"
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("model.pt"),
+        help="exported file (default: model.pt)",
+    )
+    parser.set_defaults(run=run)
+
+
+def check_output_path(path: Path) -> None:
+    if not path.parent.resolve().is_dir():
+        raise AtomtrainError(
+            f"{path}: directory {path.parent} does not exist; create it or choose another path"
+        )
+
+
+def run(arguments: argparse.Namespace) -> int:
+    check_output_path(arguments.output)
+    model = model_from_checkpoint(load_checkpoint(arguments.checkpoint))
+    export(model, arguments.output)
+    print(f"exported {arguments.checkpoint} to {arguments.output}")
+    return 0

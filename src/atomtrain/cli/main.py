@@ -1,0 +1,67 @@
+"""``atomtrain``: train, evaluate and export interatomic potentials."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .. import __version__
+from ..errors import AtomtrainError
+from ..training.outputs import LOGGER_NAME
+from . import eval as eval_command
+from . import export as export_command
+from . import train as train_command
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 1
+
+
+def parser() -> argparse.ArgumentParser:
+    main_parser = argparse.ArgumentParser(
+        prog="atomtrain",
+        description="Train machine-learning interatomic potentials (SOAP-BPNN) on one CPU, "
+        "one GPU, several GPUs or many nodes.",
+    )
+    main_parser.add_argument(
+        "--version", action="version", version=f"atomtrain {__version__}"
+    )
+    commands = main_parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (train_command, eval_command, export_command):
+        module.add_parser(commands)
+    return main_parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parser().parse_args(argv)
+    if arguments.command is None:
+        parser().print_help()
+        return EXIT_USER_ERROR
+    arguments.argv = list(sys.argv[1:] if argv is None else argv)
+    logger = logging.getLogger(LOGGER_NAME)
+    try:
+        return int(arguments.run(arguments) or 0)
+    except AtomtrainError as error:
+        logger.debug("error details", exc_info=True)
+        print(f"atomtrain: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("atomtrain: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        logger.debug("unexpected error", exc_info=True)
+        has_file = any(isinstance(h, logging.FileHandler) for h in logger.handlers)
+        where = (
+            "the traceback is in the run's train.log"
+            if has_file
+            else ("rerun with ATOMTRAIN_DEBUG=1 for the traceback")
+        )
+        print(
+            f"atomtrain: unexpected error: {type(error).__name__}: {error} ({where})",
+            file=sys.stderr,
+        )
+        import os
+
+        if os.environ.get("ATOMTRAIN_DEBUG"):
+            raise
+        return EXIT_INTERNAL_ERROR

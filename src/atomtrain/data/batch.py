@@ -1,0 +1,103 @@
+"""Flat batches: structures concatenated, with an atom-to-structure index."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import torch
+
+from .neighbors import neighbor_list
+from .system import Structure
+
+
+@dataclass
+class Batch:
+    """Several structures as flat tensors; pair indices point into the flat atom arrays."""
+
+    positions: torch.Tensor  # [n_atoms, 3]
+    atomic_numbers: torch.Tensor  # [n_atoms]
+    system_index: torch.Tensor  # [n_atoms], structure of each atom
+    cell: torch.Tensor  # [n_structures, 3, 3]
+    periodic: torch.Tensor  # [n_structures] bool, any direction periodic
+    pair_first: torch.Tensor  # [n_pairs]
+    pair_second: torch.Tensor  # [n_pairs]
+    cell_shifts: torch.Tensor  # [n_pairs, 3], float like positions
+    n_atoms: torch.Tensor  # [n_structures]
+    energy: torch.Tensor | None = None  # [n_structures]
+    forces: torch.Tensor | None = None  # [n_atoms, 3]
+    stress: torch.Tensor | None = None  # [n_structures, 3, 3]
+
+    @property
+    def n_structures(self) -> int:
+        return int(self.n_atoms.shape[0])
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> Batch:
+        moved = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, torch.Tensor):
+                # total energies stay float64: they can be large (-20000 eV)
+                keep = item.name == "energy" or not value.is_floating_point()
+                value = value.to(device=device, dtype=None if keep else dtype)
+            moved[item.name] = value
+        return Batch(**moved)
+
+
+def _concatenate_optional(values: list[torch.Tensor | None]) -> torch.Tensor | None:
+    if not values or any(value is None for value in values):
+        return None
+    return torch.cat(values)  # type: ignore[arg-type]
+
+
+def empty_batch(energy: bool, forces: bool, stress: bool) -> Batch:
+    """A batch of no structure: a rank whose share of a short batch is empty still
+    runs the model on it, so it takes part in the gradient reduction."""
+    real = torch.zeros((0, 3), dtype=torch.float64)
+    index = torch.zeros(0, dtype=torch.long)
+    return Batch(
+        positions=real,
+        atomic_numbers=index,
+        system_index=index,
+        cell=torch.zeros((0, 3, 3), dtype=torch.float64),
+        periodic=torch.zeros(0, dtype=torch.bool),
+        pair_first=index,
+        pair_second=index,
+        cell_shifts=real,
+        n_atoms=index,
+        energy=torch.zeros(0, dtype=torch.float64) if energy else None,
+        forces=real if forces else None,
+        stress=torch.zeros((0, 3, 3), dtype=torch.float64) if stress else None,
+    )
+
+
+def collate(structures: Sequence[Structure], cutoff: float) -> Batch:
+    """Concatenate structures into one batch, using each one's cached neighbor list."""
+    offsets = []
+    offset = 0
+    for structure in structures:
+        offsets.append(offset)
+        offset += structure.n_atoms
+    lists = [neighbor_list(structure, cutoff) for structure in structures]
+    n_atoms = torch.tensor(
+        [structure.n_atoms for structure in structures], dtype=torch.long
+    )
+    energies = [structure.energy for structure in structures]
+    return Batch(
+        positions=torch.cat([structure.positions for structure in structures]),
+        atomic_numbers=torch.cat([structure.atomic_numbers for structure in structures]),
+        system_index=torch.repeat_interleave(torch.arange(len(structures)), n_atoms),
+        cell=torch.stack([structure.cell for structure in structures]),
+        periodic=torch.tensor([structure.is_periodic for structure in structures]),
+        pair_first=torch.cat([nl.first + start for nl, start in zip(lists, offsets)]),
+        pair_second=torch.cat([nl.second + start for nl, start in zip(lists, offsets)]),
+        cell_shifts=torch.cat([nl.cell_shifts for nl in lists]).to(torch.float64),
+        n_atoms=n_atoms,
+        energy=None
+        if any(energy is None for energy in energies)
+        else torch.tensor(energies, dtype=torch.float64),
+        forces=_concatenate_optional([structure.forces for structure in structures]),
+        stress=None
+        if any(structure.stress is None for structure in structures)
+        else torch.stack([structure.stress for structure in structures]),  # type: ignore[misc]
+    )

@@ -1,0 +1,226 @@
+"""Reading extended XYZ files through ASE, with configurable keys and units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import ase
+import ase.io
+import ase.units
+import numpy as np
+import torch
+
+from ..errors import DataError
+from .system import Structure
+
+LENGTH_UNITS = {
+    "angstrom": 1.0,
+    "a": 1.0,
+    "bohr": ase.units.Bohr,
+    "nm": 10.0,
+}
+ENERGY_UNITS = {
+    "ev": 1.0,
+    "mev": 1e-3,
+    "hartree": ase.units.Hartree,
+    "ha": ase.units.Hartree,
+    "ry": ase.units.Ry,
+    "rydberg": ase.units.Ry,
+    "kcal/mol": ase.units.kcal / ase.units.mol,
+    "kj/mol": ase.units.kJ / ase.units.mol,
+}
+
+
+def unit_factor(unit: str, kind: str) -> float:
+    """Factor that converts a value in ``unit`` to angstrom (length) or eV (energy)."""
+    table = LENGTH_UNITS if kind == "length" else ENERGY_UNITS
+    key = unit.strip().lower()
+    if key not in table:
+        known = ", ".join(sorted(table))
+        raise DataError(f"unknown {kind} unit '{unit}'; known units: {known}")
+    return table[key]
+
+
+@dataclass(frozen=True)
+class Units:
+    """Units of a data file; values are converted to angstrom and eV when read."""
+
+    length: str = "angstrom"
+    energy: str = "eV"
+
+
+@dataclass(frozen=True)
+class TargetKeys:
+    """Where targets live in the file. ``None`` means "use when present" for forces and
+    stress, True/False force the choice; energy is required when ``require_energy``."""
+
+    energy: str = "energy"
+    forces: str = "forces"
+    stress: str = "stress"
+    virial: str = "virial"
+    read_forces: bool | None = None
+    read_stress: bool | None = None
+    require_energy: bool = True
+
+
+def _lookup(atoms: ase.Atoms, key: str, per_atom: bool):
+    """A value from atoms.info / atoms.arrays, or from ASE's stored calculator results."""
+    source = atoms.arrays if per_atom else atoms.info
+    if key in source:
+        return np.asarray(source[key], dtype=np.float64)
+    if atoms.calc is not None and key in atoms.calc.results:
+        return np.asarray(atoms.calc.results[key], dtype=np.float64)
+    return None
+
+
+def _present_keys(atoms: ase.Atoms) -> str:
+    keys = sorted(set(atoms.info) | (set(atoms.arrays) - {"numbers", "positions"}))
+    if atoms.calc is not None:
+        keys += sorted(atoms.calc.results)
+    return ", ".join(keys) if keys else "none"
+
+
+def _to_matrix(stress: np.ndarray) -> np.ndarray | None:
+    if stress.size == 9:
+        return stress.reshape(3, 3)
+    if stress.size == 6:  # Voigt order xx yy zz yz xz xy, as ASE stores it
+        xx, yy, zz, yz, xz, xy = stress.reshape(6)
+        return np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
+    return None
+
+
+def _read_frames(path: Path) -> list[ase.Atoms]:
+    if not path.exists():
+        raise DataError(f"{path}: data file not found; check the path in the options")
+    try:
+        frames = ase.io.read(path, index=":", format="extxyz")
+    except Exception as error:  # ASE raises many types for malformed files
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DataError(f"{path}: cannot read as extended XYZ ({message})") from error
+    if not frames:
+        raise DataError(f"{path}: the file holds no structure")
+    return frames
+
+
+class _FrameReader:
+    def __init__(self, path: Path, keys: TargetKeys, units: Units):
+        self.path = path
+        self.keys = keys
+        self.length = unit_factor(units.length, "length")
+        self.energy = unit_factor(units.energy, "energy")
+
+    def fail(self, index: int, message: str) -> DataError:
+        return DataError(f"{self.path}, frame {index}: {message}")
+
+    def check_finite(self, index: int, name: str, value: np.ndarray) -> None:
+        if not np.all(np.isfinite(value)):
+            raise self.fail(index, f"{name} contains NaN or infinite values")
+
+    def energy_of(self, index: int, atoms: ase.Atoms) -> float | None:
+        value = _lookup(atoms, self.keys.energy, per_atom=False)
+        if value is None:
+            if self.keys.require_energy:
+                raise self.fail(
+                    index,
+                    f"no energy under key '{self.keys.energy}'; keys present: "
+                    f"{_present_keys(atoms)}. Set the target's 'key' to one of them",
+                )
+            return None
+        if value.size != 1:
+            raise self.fail(index, f"energy '{self.keys.energy}' is not a single number")
+        self.check_finite(index, f"energy '{self.keys.energy}'", value)
+        return float(value.reshape(())) * self.energy
+
+    def forces_of(self, index: int, atoms: ase.Atoms, wanted: bool) -> torch.Tensor | None:
+        value = _lookup(atoms, self.keys.forces, per_atom=True)
+        if value is None:
+            if wanted:
+                raise self.fail(
+                    index,
+                    f"no forces under key '{self.keys.forces}'; keys present: "
+                    f"{_present_keys(atoms)}. Set 'forces' to the right key, or to false "
+                    "to train on energies only",
+                )
+            return None
+        if value.shape != (len(atoms), 3):
+            raise self.fail(
+                index,
+                f"forces '{self.keys.forces}' have shape {value.shape}, "
+                f"expected ({len(atoms)}, 3)",
+            )
+        self.check_finite(index, f"forces '{self.keys.forces}'", value)
+        return torch.from_numpy(value * self.energy / self.length)
+
+    def stress_of(self, index: int, atoms: ase.Atoms, wanted: bool) -> torch.Tensor | None:
+        stress = _lookup(atoms, self.keys.stress, per_atom=False)
+        virial = _lookup(atoms, self.keys.virial, per_atom=False)
+        if stress is None and virial is None:
+            if wanted:
+                raise self.fail(
+                    index,
+                    f"no stress under key '{self.keys.stress}' nor virial under key "
+                    f"'{self.keys.virial}'; keys present: {_present_keys(atoms)}",
+                )
+            return None
+        if not atoms.pbc.all():
+            raise self.fail(index, "stress is only defined for fully periodic structures")
+        name = self.keys.stress if stress is not None else self.keys.virial
+        matrix = _to_matrix(stress if stress is not None else virial)
+        if matrix is None:
+            raise self.fail(index, f"'{name}' must hold 6 (Voigt) or 9 values")
+        self.check_finite(index, f"'{name}'", matrix)
+        if stress is None:
+            matrix = -matrix / atoms.get_volume()
+        else:
+            matrix = matrix * self.energy / self.length**3
+        return torch.from_numpy(matrix)
+
+    def structure(
+        self, index: int, atoms: ase.Atoms, forces: bool, stress: bool
+    ) -> Structure:
+        positions = np.asarray(atoms.positions, dtype=np.float64) * self.length
+        self.check_finite(index, "positions", positions)
+        cell = np.asarray(atoms.cell.array, dtype=np.float64) * self.length
+        if atoms.pbc.any() and abs(np.linalg.det(cell)) < 1e-6:
+            raise self.fail(
+                index,
+                "the structure is periodic but its cell has zero volume; "
+                'give a Lattice or set pbc="F F F"',
+            )
+        return Structure(
+            positions=torch.from_numpy(positions),
+            atomic_numbers=torch.from_numpy(atoms.numbers.astype(np.int64)),
+            cell=torch.from_numpy(cell),
+            pbc=torch.from_numpy(np.asarray(atoms.pbc, dtype=bool)),
+            energy=self.energy_of(index, atoms),
+            forces=self.forces_of(index, atoms, forces),
+            stress=self.stress_of(index, atoms, stress) if stress else None,
+        )
+
+
+def read_structures(
+    path: str | Path, keys: TargetKeys | None = None, units: Units | None = None
+) -> list[Structure]:
+    """Read every frame of an extended XYZ file into structures in angstrom and eV.
+
+    Forces (stress) are read from every frame when ``keys.read_forces`` is True, when it
+    is None and the first frame has them; a frame that lacks them then is an error.
+    """
+    path = Path(path)
+    keys = keys or TargetKeys()
+    reader = _FrameReader(path, keys, units or Units())
+    frames = _read_frames(path)
+    first = frames[0]
+    forces = keys.read_forces
+    if forces is None:
+        forces = _lookup(first, keys.forces, per_atom=True) is not None
+    stress = keys.read_stress
+    if stress is None:
+        stress = (
+            _lookup(first, keys.stress, per_atom=False) is not None
+            or _lookup(first, keys.virial, per_atom=False) is not None
+        )
+    return [
+        reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)
+    ]

@@ -1,0 +1,28 @@
+"""Global batch order: one seeded permutation per epoch, cut into global batches, each
+dealt to the ranks. Every rank computes the same order, so no communication is needed
+and a run with N processes sees exactly the batches of a run with one."""
+
+from __future__ import annotations
+
+import torch
+
+
+def epoch_order(n_structures: int, seed: int, epoch: int) -> list[int]:
+    """The permutation of the training set used in ``epoch`` (0-based)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n_structures, generator=generator).tolist()
+
+
+def global_batches(order: list[int], batch_size: int) -> list[list[int]]:
+    """Consecutive global batches; the last one may be short."""
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def shard(items: list[int], rank: int, world_size: int) -> list[int]:
+    """This rank's part of a list: round-robin, so shards differ in size by at most one
+    and nothing is padded or dropped. A rank may get nothing from a short list."""
+    return items[rank::world_size]
+
+
+def steps_per_epoch(n_structures: int, batch_size: int) -> int:
+    return (n_structures + batch_size - 1) // batch_size

@@ -1,0 +1,173 @@
+"""The process group and the few collectives training needs.
+
+Reductions are sums of one fused tensor; with a single process every helper is the
+identity, so the training loop has one code path.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import DistributedError
+from .env import LaunchInfo, hostname
+
+
+@dataclass
+class Context:
+    """This process's place in the job and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    master: str = ""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks (in place and returned)."""
+        if self.is_distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def broadcast_object(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        if not self.is_distributed:
+            return value
+        holder = [value]
+        dist.broadcast_object_list(holder, src=0)
+        return holder[0]
+
+    def all_gather_objects(self, value: Any) -> list[Any]:
+        if not self.is_distributed:
+            return [value]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            dist.barrier()
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The data-parallel wrapper around ``model`` (``model`` itself when alone)."""
+        if not self.is_distributed:
+            return model
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+    def close(self) -> None:
+        if self.is_distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def single_process(device: torch.device) -> Context:
+    return Context(device=device)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail in seconds, with a plain message, if rank 0 cannot listen on ``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            if error.errno in (errno.EADDRINUSE, errno.EACCES):
+                raise DistributedError(
+                    f"port {port} on node {host} is already in use (another job?). Set "
+                    "distributed.port in the options or MASTER_PORT, or leave both unset "
+                    "to pick a free one."
+                ) from error
+            raise
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def choose_device(requested: str, local_rank: int) -> torch.device:
+    """cuda:(local_rank mod visible GPUs) on CUDA, else the CPU."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise DistributedError(
+                "device: cuda was requested but no GPU is visible; set device: cpu"
+            )
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def set_threads(local_world_size: int) -> None:
+    """Share the machine's cores among the processes on it, unless the user chose."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    )
+    torch.set_num_threads(max(1, (cores or 1) // max(1, local_world_size)))
+
+
+def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Context:
+    """Start the process group (when there are several processes) and pick the device."""
+    set_threads(launch.local_world_size)
+    device = choose_device(device_request, launch.local_rank)
+    if not launch.is_distributed:
+        return single_process(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    port = launch.master_port
+    address = f"{launch.master_addr}:{port}"
+    deadline = datetime.timedelta(seconds=timeout)
+    try:
+        if launch.agent_store:
+            dist.init_process_group(backend, timeout=deadline)
+        else:
+            if launch.rank == 0:
+                check_port_free(hostname(), int(port))  # type: ignore[arg-type]
+            dist.init_process_group(
+                backend,
+                init_method=f"tcp://{address}",
+                rank=launch.rank,
+                world_size=launch.world_size,
+                timeout=deadline,
+            )
+    except DistributedError:
+        raise
+    except Exception as error:  # c10d raises several types for unreachable peers
+        if launch.rank == 0:
+            raise DistributedError(
+                f"rank 0 on {hostname()} waited {timeout:g} s at {address} but not all "
+                f"{launch.world_size} processes joined; check that every task started "
+                "and can reach this host (distributed.timeout sets the wait)"
+            ) from error
+        raise DistributedError(
+            f"rank {launch.rank} on {hostname()} could not reach rank 0 at {address} "
+            f"within {timeout:g} s; check that rank 0 started and that the address and "
+            "port are reachable (distributed.timeout sets the wait)"
+        ) from error
+    return Context(
+        rank=launch.rank,
+        world_size=launch.world_size,
+        local_rank=launch.local_rank,
+        local_world_size=launch.local_world_size,
+        device=device,
+        master=address,
+    )

@@ -1,0 +1,17 @@
+"""Errors meant for the user: their message is one line that says what to do."""
+
+
+class AtomtrainError(Exception):
+    """An error caused by the user's input or environment, shown as one line."""
+
+
+class DataError(AtomtrainError):
+    """A data file is missing, unreadable or holds invalid values."""
+
+
+class OptionsError(AtomtrainError):
+    """The options file or a command-line override is invalid."""
+
+
+class DistributedError(AtomtrainError):
+    """Setting up or running the process group failed (port, peers, launcher)."""

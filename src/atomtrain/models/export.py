@@ -1,0 +1,40 @@
+"""Export a model to one TorchScript file and load it back without the training code.
+
+The file needs ``sphericart.torch`` imported before loading: it provides the spherical
+harmonics operator and registers its derivatives. :func:`load_exported` does that.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from ..errors import AtomtrainError
+from ..io import atomic_write
+
+
+def export(model: torch.nn.Module, path: str | Path) -> None:
+    """Write ``model`` (eval mode, on CPU) as TorchScript to ``path``, atomically."""
+    exported = copy.deepcopy(model).cpu().eval()
+    scripted = torch.jit.script(exported)
+    atomic_write(path, lambda temporary: scripted.save(str(temporary)))
+
+
+def load_exported(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> torch.jit.ScriptModule:
+    """Load an exported model file; ``sphericart.torch`` is imported first."""
+    import sphericart.torch  # noqa: F401  (loads the operator and its autograd formulas)
+
+    path = Path(path)
+    if not path.exists():
+        raise AtomtrainError(f"{path}: model file not found")
+    try:
+        return torch.jit.load(str(path), map_location=device)
+    except Exception as error:
+        raise AtomtrainError(
+            f"{path}: not an exported atomtrain model ({str(error).splitlines()[0]}); "
+            "export a checkpoint with 'atomtrain export model.ckpt -o model.pt'"
+        ) from error

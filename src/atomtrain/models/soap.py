@@ -1,0 +1,104 @@
+"""SOAP power spectrum on flat batches of neighbor pairs.
+
+Density coefficients c[i, a, n, lm] = sum_j R_n(r_ij) f_c(r_ij) Y_lm(r_ij / |r_ij|) over
+neighbors j of element a; the power spectrum sums c c' over m for each l. Everything is
+a gather over pairs, one index_add into centers and one batched matrix product per l.
+"""
+
+from __future__ import annotations
+
+import math
+
+import sphericart.torch
+import torch
+
+
+def cosine_cutoff(distances: torch.Tensor, radius: float, width: float) -> torch.Tensor:
+    """1 below ``radius - width``, a shifted cosine down to 0 at ``radius``: smooth C1."""
+    start = radius - width
+    scaled = ((distances - start) / width).clamp(0.0, 1.0)
+    return 0.5 * (1.0 + torch.cos(math.pi * scaled))
+
+
+def gaussian_radial_basis(
+    distances: torch.Tensor, centers: torch.Tensor, width: float
+) -> torch.Tensor:
+    """Gaussians of ``width`` centred on a grid over [0, cutoff]."""
+    return torch.exp(-0.5 * ((distances.unsqueeze(1) - centers) / width) ** 2)
+
+
+def orthonormalizer(centers: torch.Tensor, width: float, radius: float) -> torch.Tensor:
+    """Matrix S^-1/2 that makes the radial basis orthonormal under the r^2 dr measure.
+
+    Orthonormal functions keep features well conditioned; it is computed once in float64.
+    """
+    grid = torch.linspace(0.0, radius, 2001, dtype=torch.float64)
+    values = gaussian_radial_basis(grid, centers.to(torch.float64), width)
+    weights = grid**2 * (grid[1] - grid[0])
+    overlap = values.T @ (values * weights.unsqueeze(1))
+    eigenvalues, eigenvectors = torch.linalg.eigh(overlap)
+    return eigenvectors @ torch.diag(eigenvalues.clamp_min(1e-12) ** -0.5) @ eigenvectors.T
+
+
+class SoapPowerSpectrum(torch.nn.Module):
+    """Rotation-invariant SOAP power spectrum with element channels."""
+
+    def __init__(
+        self,
+        n_elements: int,
+        cutoff: float,
+        cutoff_width: float,
+        max_radial: int,
+        max_angular: int,
+    ):
+        super().__init__()
+        self.n_elements = n_elements
+        self.cutoff = cutoff
+        self.cutoff_width = cutoff_width
+        self.n_radial = max_radial + 1
+        self.max_angular = max_angular
+        self.radial_width = cutoff / max(max_radial, 1)
+        centers = torch.linspace(0.0, cutoff, self.n_radial, dtype=torch.float64)
+        self.register_buffer("centers", centers)
+        self.register_buffer(
+            "radial_transform", orthonormalizer(centers, self.radial_width, cutoff)
+        )
+        self.spherical_harmonics = sphericart.torch.SphericalHarmonics(max_angular)
+        n_channels = n_elements * self.n_radial
+        upper = torch.triu_indices(n_channels, n_channels)
+        self.register_buffer("upper_first", upper[0])
+        self.register_buffer("upper_second", upper[1])
+        self.n_features = upper.shape[1] * (max_angular + 1)
+
+    def forward(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        neighbor_element: torch.Tensor,
+        n_atoms: int,
+    ) -> torch.Tensor:
+        distances = torch.linalg.vector_norm(edge_vectors, dim=1)
+        radial = gaussian_radial_basis(distances, self.centers, self.radial_width)
+        radial = radial @ self.radial_transform
+        radial = radial * cosine_cutoff(
+            distances, self.cutoff, self.cutoff_width
+        ).unsqueeze(1)
+        angular = self.spherical_harmonics(edge_vectors)
+        expansion = radial.unsqueeze(2) * angular.unsqueeze(1)  # [pairs, n, lm]
+        target = pair_first * self.n_elements + neighbor_element
+        n_lm = (self.max_angular + 1) * (self.max_angular + 1)
+        density = torch.zeros(
+            (n_atoms * self.n_elements, self.n_radial, n_lm),
+            dtype=edge_vectors.dtype,
+            device=edge_vectors.device,
+        )
+        density = density.index_add(0, target, expansion)
+        density = density.reshape(n_atoms, self.n_elements * self.n_radial, n_lm)
+        features = []
+        for angular_l in range(self.max_angular + 1):
+            block = density[:, :, angular_l * angular_l : (angular_l + 1) * (angular_l + 1)]
+            products = torch.bmm(block, block.transpose(1, 2)) / math.sqrt(
+                2 * angular_l + 1
+            )
+            features.append(products[:, self.upper_first, self.upper_second])
+        return torch.cat(features, dim=1)

@@ -1,0 +1,178 @@
+"""SOAP-BPNN: SOAP features, per-element networks, a per-element energy baseline.
+
+Forces are -dE/dpositions and stress is (1/V) dE/dstrain, both by autograd, so the
+model is conservative. The module is TorchScript-compatible: the exported file holds
+the features, networks, baseline, scaling, cutoff and units.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .bpnn import ElementNetworks
+from .soap import SoapPowerSpectrum
+
+ARCHITECTURE_NAME = "soap_bpnn"
+
+
+class SoapBpnn(torch.nn.Module):
+    """Energy model E = scale * sum_i NN_{Z_i}(SOAP_i) + sum_i baseline_{Z_i}."""
+
+    __jit_ignored_attributes__ = ["hypers"]
+
+    def __init__(
+        self,
+        atomic_types: list[int],
+        cutoff: float = 5.0,
+        cutoff_width: float = 0.5,
+        max_radial: int = 7,
+        max_angular: int = 6,
+        num_hidden_layers: int = 2,
+        num_neurons_per_layer: int = 32,
+        layernorm: bool = True,
+        length_unit: str = "angstrom",
+        energy_unit: str = "eV",
+    ):
+        super().__init__()
+        atomic_types = sorted(int(z) for z in atomic_types)
+        self.hypers = {
+            "atomic_types": atomic_types,
+            "cutoff": float(cutoff),
+            "cutoff_width": float(cutoff_width),
+            "max_radial": int(max_radial),
+            "max_angular": int(max_angular),
+            "num_hidden_layers": int(num_hidden_layers),
+            "num_neurons_per_layer": int(num_neurons_per_layer),
+            "layernorm": bool(layernorm),
+            "length_unit": length_unit,
+            "energy_unit": energy_unit,
+        }
+        self.atomic_types = atomic_types
+        self.cutoff = float(cutoff)
+        self.length_unit = length_unit
+        self.energy_unit = energy_unit
+        type_to_index = torch.full((max(atomic_types) + 1,), -1, dtype=torch.long)
+        type_to_index[torch.tensor(atomic_types)] = torch.arange(len(atomic_types))
+        self.register_buffer("type_to_index", type_to_index)
+        self.soap = SoapPowerSpectrum(
+            len(atomic_types), cutoff, cutoff_width, max_radial, max_angular
+        )
+        self.layernorm = (
+            torch.nn.LayerNorm(self.soap.n_features) if layernorm else torch.nn.Identity()
+        )
+        self.networks = ElementNetworks(
+            len(atomic_types),
+            self.soap.n_features,
+            num_hidden_layers,
+            num_neurons_per_layer,
+        )
+        self.register_buffer(
+            "baseline", torch.zeros(len(atomic_types), dtype=torch.float64)
+        )
+        self.register_buffer("scale", torch.ones((), dtype=torch.float64))
+
+    def set_precision(self, dtype: torch.dtype) -> SoapBpnn:
+        """Features and networks in ``dtype``; the energy baseline and the sum of atomic
+        energies stay in float64, since total energies can be large (-20000 eV)."""
+        self.soap.to(dtype)
+        self.layernorm.to(dtype)
+        self.networks.to(dtype)
+        return self
+
+    def set_baseline(self, baseline: torch.Tensor, scale: float) -> None:
+        """Per-element energies (eV, ordered like ``atomic_types``) and target scale."""
+        self.baseline.copy_(baseline)
+        self.scale.fill_(scale)
+
+    def energies(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        atomic_numbers: torch.Tensor,
+        system_index: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        cell_shifts: torch.Tensor,
+    ) -> torch.Tensor:
+        """Total energy of each structure, [n_structures]."""
+        pair_cell = cell.index_select(0, system_index.index_select(0, pair_first))
+        edge_vectors = (
+            positions.index_select(0, pair_second)
+            - positions.index_select(0, pair_first)
+            + torch.bmm(cell_shifts.unsqueeze(1), pair_cell).squeeze(1)
+        )
+        element_index = self.type_to_index.index_select(0, atomic_numbers)
+        features = self.soap(
+            edge_vectors,
+            pair_first,
+            element_index.index_select(0, pair_second),
+            positions.shape[0],
+        )
+        atomic = self.networks(self.layernorm(features), element_index)
+        atomic = atomic.to(torch.float64) * self.scale + self.baseline.index_select(
+            0, element_index
+        )
+        energy = torch.zeros(cell.shape[0], dtype=torch.float64, device=positions.device)
+        return energy.index_add(0, system_index, atomic)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        atomic_numbers: torch.Tensor,
+        system_index: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        cell_shifts: torch.Tensor,
+        periodic: torch.Tensor,
+        compute_forces: bool = True,
+        compute_stress: bool = False,
+        create_graph: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Energy [n_structures], and on request forces [n_atoms, 3] and stress
+        [n_structures, 3, 3] (zero for non-periodic structures)."""
+        inputs: list[torch.Tensor] = []
+        if compute_forces:
+            positions = positions.detach().requires_grad_(True)
+            inputs.append(positions)
+        strain = torch.zeros_like(cell)
+        if compute_stress:
+            strain.requires_grad_(True)
+            inputs.append(strain)
+            symmetric = 0.5 * (strain + strain.transpose(1, 2))
+            deformed_positions = positions + torch.bmm(
+                positions.unsqueeze(1), symmetric.index_select(0, system_index)
+            ).squeeze(1)
+            deformed_cell = cell + torch.bmm(cell, symmetric)
+        else:
+            deformed_positions = positions
+            deformed_cell = cell
+        energy = self.energies(
+            deformed_positions,
+            deformed_cell,
+            atomic_numbers,
+            system_index,
+            pair_first,
+            pair_second,
+            cell_shifts,
+        )
+        results: dict[str, torch.Tensor] = {"energy": energy}
+        if len(inputs) == 0:
+            return results
+        gradients = torch.autograd.grad(
+            [energy.sum()], inputs, create_graph=create_graph, allow_unused=True
+        )
+        if compute_forces:
+            gradient = gradients[0]
+            results["forces"] = (
+                -gradient if gradient is not None else torch.zeros_like(positions)
+            )
+        if compute_stress:
+            gradient = gradients[-1]
+            if gradient is None:
+                gradient = torch.zeros_like(cell)
+            volume = torch.abs(torch.linalg.det(cell))
+            volume = torch.where(periodic, volume, torch.ones_like(volume))
+            stress = gradient / volume.reshape(-1, 1, 1)
+            results["stress"] = stress * periodic.reshape(-1, 1, 1).to(stress.dtype)
+        return results

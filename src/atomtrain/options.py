@@ -1,0 +1,350 @@
+"""The options file: pydantic models whose field docstrings are the reference docs.
+
+A metatrain options file for ``soap_bpnn`` runs unchanged where the meaning is the
+same. Differences: ``batch_size`` is the global batch over all processes, and the
+``distributed`` section is ours.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import OptionsError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class CutoffOptions(Strict):
+    radius: Annotated[float, Field(gt=0)] = 5.0
+    """Cutoff radius in angstrom; neighbors farther away are ignored."""
+    width: Annotated[float, Field(gt=0)] = 0.5
+    """Width (angstrom) of the smooth region before the radius where a neighbor's
+    contribution goes smoothly to zero."""
+
+
+class SoapOptions(Strict):
+    cutoff: CutoffOptions = CutoffOptions()
+    """Where and how smoothly the atomic environment ends."""
+    max_radial: Annotated[int, Field(ge=0)] = 7
+    """Highest radial index; the radial basis has max_radial + 1 functions."""
+    max_angular: Annotated[int, Field(ge=0)] = 6
+    """Highest angular momentum l of the spherical harmonics."""
+
+
+class BpnnOptions(Strict):
+    num_hidden_layers: Annotated[int, Field(ge=1)] = 2
+    """Hidden layers in each element's network."""
+    num_neurons_per_layer: Annotated[int, Field(ge=1)] = 32
+    """Neurons in each hidden layer."""
+    layernorm: bool = True
+    """Normalise the SOAP features with a LayerNorm before the networks."""
+
+
+class ModelOptions(Strict):
+    soap: SoapOptions = SoapOptions()
+    """SOAP power spectrum hyperparameters."""
+    bpnn: BpnnOptions = BpnnOptions()
+    """Per-element neural networks."""
+
+
+class LossWeights(Strict):
+    energy: Annotated[float, Field(ge=0)] = 1.0
+    """Weight of the per-atom energy loss."""
+    forces: Annotated[float, Field(ge=0)] = 1.0
+    """Weight of the force loss (per force component)."""
+    stress: Annotated[float, Field(ge=0)] = 1.0
+    """Weight of the stress loss (per stress component)."""
+
+
+class LossOptions(Strict):
+    type: Literal["mse", "mae", "huber"] = "mse"
+    """Loss function applied to every target."""
+    weights: LossWeights = LossWeights()
+    """Relative weight of each target in the total loss."""
+    huber_delta: Annotated[float, Field(gt=0)] = 1.0
+    """Threshold of the Huber loss, in the target's units (per atom for energy)."""
+
+
+class TrainingOptions(Strict):
+    batch_size: Annotated[int, Field(ge=1)] = 8
+    """Structures per optimisation step, summed over all processes (the global batch;
+    metatrain's batch_size is per GPU instead)."""
+    num_epochs: Annotated[int, Field(ge=1)] = 100
+    """Passes over the training set."""
+    learning_rate: Annotated[float, Field(gt=0)] = 0.001
+    """Peak learning rate of Adam, reached after the warmup."""
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.01
+    """Fraction of all steps over which the learning rate rises linearly from zero;
+    afterwards it decays to zero along a cosine."""
+    log_interval: Annotated[int, Field(ge=1)] = 1
+    """Validate and log every this many epochs (and at the last one)."""
+    checkpoint_interval: Annotated[int, Field(ge=1)] = 25
+    """Write a numbered checkpoint every this many epochs."""
+    loss: Literal["mse", "mae", "huber"] | LossOptions = LossOptions()
+    """Loss type ("mse", "mae", "huber") or a mapping with type, weights, huber_delta."""
+    scale_targets: bool = True
+    """Scale the network output by the spread of the training energies after the
+    baseline, so the networks learn numbers of order one."""
+    atomic_baseline: dict[int, float] = {}
+    """Fixed per-element energies in eV ({atomic number: energy}); elements not
+    listed are fitted by least squares on the training set."""
+
+    @field_validator("loss", mode="after")
+    @classmethod
+    def _loss_as_options(cls, value: Any) -> LossOptions:
+        return LossOptions(type=value) if isinstance(value, str) else value
+
+
+class ArchitectureOptions(Strict):
+    name: str = "soap_bpnn"
+    """Model architecture. Known: soap_bpnn."""
+    model: ModelOptions = ModelOptions()
+    """Model hyperparameters."""
+    training: TrainingOptions = TrainingOptions()
+    """Training hyperparameters."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_architecture(cls, value: str) -> str:
+        known = ["soap_bpnn"]
+        # metatrain accepts experimental. prefixes for new architectures
+        if value.removeprefix("experimental.") not in known:
+            raise ValueError(
+                f"unknown architecture '{value}'; known architectures: {', '.join(known)}"
+            )
+        return value.removeprefix("experimental.")
+
+
+class SystemsOptions(Strict):
+    read_from: str
+    """Extended XYZ file with the structures (relative paths are relative to the
+    options file)."""
+    length_unit: str = "angstrom"
+    """Unit of positions and cell: angstrom, bohr or nm."""
+    reader: Literal["ase"] | None = None
+    """Reader library (only ASE is supported; accepted for metatrain compatibility)."""
+
+
+class GradientOptions(Strict):
+    key: str
+    """Key under which the values are stored in the file."""
+
+
+class EnergyTargetOptions(Strict):
+    key: str = "energy"
+    """Key of the energy in the file (info, or ASE calculator results)."""
+    unit: str = "eV"
+    """Energy unit in the file: eV, meV, hartree, Ry, kcal/mol or kJ/mol. Forces and
+    stress use this unit over the length unit."""
+    forces: bool | str | GradientOptions | None = None
+    """Forces: true (key "forces"), a key, false, or unset to use them when present."""
+    stress: bool | str | GradientOptions | None = None
+    """Stress (3x3 or Voigt 6, ASE sign): true (key "stress"), a key, false, or unset
+    to use it when present."""
+    virial: bool | str | GradientOptions | None = None
+    """Virial (-stress times volume), used when there is no stress: true (key
+    "virial"), a key, false, or unset."""
+    reader: Literal["ase"] | None = None
+    """Reader library (accepted for metatrain compatibility)."""
+    read_from: str | None = None
+    """Read targets from another file (not supported: must be the systems file)."""
+
+
+class TargetsOptions(Strict):
+    energy: EnergyTargetOptions = EnergyTargetOptions()
+    """The energy target and its derivatives."""
+
+
+class DatasetOptions(Strict):
+    systems: SystemsOptions
+    """Where the structures come from."""
+    targets: TargetsOptions = TargetsOptions()
+    """What to learn and where it is stored."""
+
+    @field_validator("systems", mode="before")
+    @classmethod
+    def _path_as_systems(cls, value: Any) -> Any:
+        return {"read_from": value} if isinstance(value, str) else value
+
+
+class DistributedOptions(Strict):
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    """TCP port of rank 0's rendezvous. Unset: MASTER_PORT if set; under SLURM a port
+    derived from the job and step ids, so two jobs on one node do not collide; else a
+    free port."""
+    timeout: Annotated[float, Field(gt=0)] = 300.0
+    """Seconds to wait for the other processes (joining, and in each collective) before
+    giving up with a message naming the missing peer."""
+    check_consistency_every: Annotated[int, Field(ge=0)] = 0
+    """Every this many steps, check that all processes hold identical parameters
+    (0: never)."""
+
+
+SplitOrDataset = Union[Annotated[float, Field(ge=0, lt=1)], DatasetOptions]
+
+
+class Options(Strict):
+    """Top-level options of ``atomtrain train``."""
+
+    seed: Annotated[int, Field(ge=0)] | None = None
+    """Random seed for the split, initial weights and batch order. Unset: a random
+    seed, written to the log and to the expanded options so the run can be repeated."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: cuda if available when auto. With several processes on CUDA,
+    each uses GPU local_rank modulo the visible GPUs."""
+    base_precision: Literal[32, 64] = 32
+    """Floating point precision of the model and training: 32 or 64 bits."""
+    architecture: ArchitectureOptions = ArchitectureOptions()
+    """Model architecture and its hyperparameters."""
+    training_set: DatasetOptions
+    """Training data: a file path, or a mapping with systems and targets."""
+    validation_set: SplitOrDataset = 0.1
+    """Validation data: a fraction of the training file, or a data set like
+    training_set."""
+    test_set: SplitOrDataset = 0.0
+    """Test data: a fraction of the training file, or a data set like training_set."""
+    distributed: DistributedOptions = DistributedOptions()
+    """Multi-process training settings (atomtrain only)."""
+
+    @field_validator("training_set", mode="before")
+    @classmethod
+    def _path_as_dataset(cls, value: Any) -> Any:
+        return {"systems": value} if isinstance(value, str) else value
+
+    @field_validator("validation_set", "test_set", mode="before")
+    @classmethod
+    def _path_as_split(cls, value: Any) -> Any:
+        return {"systems": value} if isinstance(value, str) else value
+
+
+def _model_at(model: type[BaseModel], location: tuple) -> type[BaseModel] | None:
+    """The pydantic model class that holds the field at ``location``."""
+    current: Any = model
+    for part in location:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        current = field.annotation
+        for candidate in getattr(current, "__args__", ()) or ():
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                current = candidate
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _describe(error: dict, source: str) -> str:
+    location = tuple(
+        part for part in error["loc"] if not (isinstance(part, str) and "[" in part)
+    )
+    # drop the names pydantic adds for union members (e.g. 'float', 'DatasetOptions')
+    location = tuple(
+        part for part in location if not (isinstance(part, str) and part[:1].isupper())
+    )
+    location = tuple(
+        part
+        for part in location
+        if part not in ("float", "str", "bool", "int")
+        and not (isinstance(part, str) and "-" in part)
+    )
+    dotted = ".".join(str(part) for part in location)
+    if error["type"] == "extra_forbidden":
+        parent = _model_at(Options, location[:-1])
+        hint = ""
+        if parent is not None:
+            close = difflib.get_close_matches(str(location[-1]), parent.model_fields, n=1)
+            if close:
+                hint = f" (did you mean '{close[0]}'?)"
+            else:
+                hint = f"; known keys here: {', '.join(parent.model_fields)}"
+        return f"{source}: unknown key '{dotted}'{hint}"
+    if error["type"] == "missing":
+        return f"{source}: missing required key '{dotted}'"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{source}: invalid value for '{dotted}': {message} (got {error.get('input')!r})"
+
+
+def _set_override(data: dict, override: str) -> None:
+    if "=" not in override:
+        raise OptionsError(f"override '{override}' must look like key.path=value")
+    dotted, raw = override.split("=", 1)
+    value = yaml.safe_load(raw) if raw else None
+    target = data
+    parts = dotted.strip().split(".")
+    for part in parts[:-1]:
+        existing = target.get(part)
+        if not isinstance(existing, dict):
+            existing = {} if existing is None else existing
+            if not isinstance(existing, dict):
+                raise OptionsError(f"override '{override}': '{part}' is not a mapping")
+            target[part] = existing
+        target = existing
+    target[parts[-1]] = value
+
+
+def _resolve_paths(options: Options, base: Path) -> Options:
+    for dataset in (options.training_set, options.validation_set, options.test_set):
+        if isinstance(dataset, DatasetOptions):
+            path = Path(dataset.systems.read_from).expanduser()
+            if not path.is_absolute():
+                dataset.systems.read_from = str((base / path).resolve())
+    return options
+
+
+def parse_options(data: Any, source: str = "options", base: Path | None = None) -> Options:
+    """Validate a mapping as options; errors become one-line OptionsErrors."""
+    if not isinstance(data, dict):
+        raise OptionsError(
+            f"{source}: the options must be a YAML mapping of keys to values"
+        )
+    try:
+        options = Options.model_validate(data)
+    except ValidationError as error:
+        raise OptionsError(_describe(error.errors()[0], source)) from error
+    check_fractions(options, source)
+    return _resolve_paths(options, base or Path.cwd())
+
+
+def check_fractions(options: Options, source: str) -> None:
+    fractions = [
+        value
+        for value in (options.validation_set, options.test_set)
+        if isinstance(value, float)
+    ]
+    if sum(fractions) >= 1.0:
+        raise OptionsError(
+            f"{source}: validation_set and test_set fractions add up to {sum(fractions)}, "
+            "leaving no training data; use fractions that sum to less than 1"
+        )
+
+
+def load_options(path: str | Path, overrides: list[str] | None = None) -> Options:
+    """Read, override and validate an options file."""
+    path = Path(path)
+    if not path.exists():
+        raise OptionsError(f"{path}: options file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise OptionsError(f"{path}: YAML syntax error{where}: {problem}") from error
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise OptionsError(f"{path}: the options must be a YAML mapping of keys to values")
+    for override in overrides or []:
+        _set_override(data, override)
+    return parse_options(data, str(path), path.parent.resolve())
+
+
+def expanded(options: Options) -> dict:
+    """Every option with its value, as plain data (what options.yaml of a run holds)."""
+    return options.model_dump(mode="json")

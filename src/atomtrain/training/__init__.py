@@ -1,0 +1,1 @@
+"""The one training loop, losses, metrics, checkpoints and run outputs."""

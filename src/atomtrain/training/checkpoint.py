@@ -1,0 +1,47 @@
+"""Checkpoints: plain tensors, numbers and strings, loadable with weights_only=True,
+written atomically so that the newest complete checkpoint is always usable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import AtomtrainError
+from ..io import atomic_write
+from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
+
+FORMAT = "atomtrain-checkpoint-1"
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    atomic_write(path, lambda temporary: torch.save({"format": FORMAT, **state}, temporary))
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise AtomtrainError(f"{path}: checkpoint not found")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise AtomtrainError(
+            f"{path}: not a readable atomtrain checkpoint ({str(error).splitlines()[0]})"
+        ) from error
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise AtomtrainError(f"{path}: not an atomtrain checkpoint")
+    if state.get("architecture") != ARCHITECTURE_NAME:
+        raise AtomtrainError(
+            f"{path}: checkpoint of architecture '{state.get('architecture')}', but this "
+            f"run uses '{ARCHITECTURE_NAME}'; restart with a matching checkpoint"
+        )
+    return state
+
+
+def model_from_checkpoint(state: dict[str, Any], best: bool = True) -> SoapBpnn:
+    """The model a checkpoint holds: the best one by default, else the latest."""
+    model = SoapBpnn(**state["hypers"]).set_precision(getattr(torch, state["dtype"]))
+    weights = state["best_model_state"] if best and "best_model_state" in state else None
+    model.load_state_dict(weights or state["model_state"])
+    return model

@@ -1,0 +1,403 @@
+"""The one training loop: set up, train, validate, checkpoint, export.
+
+Every rank runs this function. Data order, loss normalisation and reductions are
+arranged so that N processes produce the model one process would (see data/sampler.py
+and training/losses.py); every control decision comes from reduced values.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import tqdm
+
+from ..data.batch import collate, empty_batch
+from ..data.sampler import epoch_order, global_batches, shard, steps_per_epoch
+from ..data.system import Structure
+from ..distributed import Context
+from ..models.composition import composition_counts, normal_equation_sums, solve_baseline
+from ..models.export import export
+from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
+from ..options import Options, expanded
+from .checkpoint import save_checkpoint
+from .datasets import Datasets, load_datasets
+from .evaluation import metric_sums, predict
+from .losses import GlobalCounts, batch_loss
+from .metrics import SUM_NAMES, MetricSums, finalize
+from .outputs import LOGGER_NAME, append_csv, plot_learning_curves, write_run_record
+from .schedule import make_scheduler
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+@dataclass
+class Run:
+    """What the command line decided: where outputs go and what to resume from."""
+
+    directory: Path  # chosen by rank 0, known to all ranks
+    restart_state: dict[str, Any] | None = None
+    output_path: Path | None = None
+
+
+def elements(structures: list[Structure]) -> list[int]:
+    found: set[int] = set()
+    for structure in structures:
+        found.update(structure.atomic_numbers.unique().tolist())
+    return sorted(found)
+
+
+def build_model(options: Options, atomic_types: list[int]) -> SoapBpnn:
+    model_options = options.architecture.model
+    return SoapBpnn(
+        atomic_types,
+        cutoff=model_options.soap.cutoff.radius,
+        cutoff_width=model_options.soap.cutoff.width,
+        max_radial=model_options.soap.max_radial,
+        max_angular=model_options.soap.max_angular,
+        num_hidden_layers=model_options.bpnn.num_hidden_layers,
+        num_neurons_per_layer=model_options.bpnn.num_neurons_per_layer,
+        layernorm=model_options.bpnn.layernorm,
+    )
+
+
+def fit_baseline(
+    model: SoapBpnn, training: list[Structure], options: Options, context: Context
+) -> None:
+    """Per-element energies by least squares and the target scale, from all training
+    structures: each rank adds up its shard, one all-reduce, the same solve everywhere."""
+    types = model.atomic_types
+    fixed = {
+        int(z): float(e) for z, e in options.architecture.training.atomic_baseline.items()
+    }
+    local = [
+        training[index]
+        for index in shard(list(range(len(training))), context.rank, context.world_size)
+    ]
+    energies = torch.tensor([s.energy for s in local], dtype=torch.float64)
+    numbers = (
+        torch.cat([s.atomic_numbers for s in local])
+        if local
+        else torch.zeros(0, dtype=torch.long)
+    )
+    system_index = torch.repeat_interleave(
+        torch.arange(len(local)), torch.tensor([s.n_atoms for s in local], dtype=torch.long)
+    )
+    counts = composition_counts(numbers, system_index, len(local), types)
+    fixed_vector = torch.tensor([fixed.get(z, 0.0) for z in types], dtype=torch.float64)
+    free = torch.tensor([z not in fixed for z in types])
+    residual = energies - counts @ fixed_vector
+    gram, moment = normal_equation_sums(counts[:, free], residual)
+    packed = context.all_reduce_sum(torch.cat([gram.reshape(-1), moment]))
+    n_free = int(free.sum())
+    baseline = fixed_vector.clone()
+    if n_free:
+        baseline[free] = solve_baseline(
+            packed[: n_free * n_free].reshape(n_free, n_free), packed[n_free * n_free :]
+        )
+    scale = 1.0
+    if options.architecture.training.scale_targets:
+        remainder = energies - counts @ baseline
+        spread = torch.stack([(remainder**2).sum(), counts.sum()])
+        spread = context.all_reduce_sum(spread)
+        if spread[0] > 0:
+            scale = math.sqrt(float(spread[0] / spread[1]))
+    model.set_baseline(baseline, scale)
+    listing = ", ".join(f"Z={z}: {e:.6f} eV" for z, e in zip(types, baseline.tolist()))
+    logger.info(f"per-element energy baseline: {listing}; target scale {scale:.6g} eV")
+
+
+def global_counts(structures: list[Structure], indices: list[int]) -> GlobalCounts:
+    chosen = [structures[index] for index in indices]
+    return GlobalCounts(
+        structures=len(chosen),
+        force_components=sum(3 * s.n_atoms for s in chosen if s.forces is not None),
+        stress_components=sum(9 for s in chosen if s.stress is not None),
+    )
+
+
+def selection_metric(metrics: dict[str, float], options: Options) -> float:
+    """Weighted sum of the per-target errors the loss uses: validation picks the best
+    model by it (MAE for an MAE loss, else squared errors)."""
+    weights = options.architecture.training.loss.weights  # type: ignore[union-attr]
+    kind = "mae" if options.architecture.training.loss.type == "mae" else "rmse"  # type: ignore[union-attr]
+    total = 0.0
+    for target, weight in (
+        ("energy_per_atom", weights.energy),
+        ("forces", weights.forces),
+        ("stress", weights.stress),
+    ):
+        value = metrics.get(f"{target}_{kind}")
+        if value is not None:
+            total += weight * (value if kind == "mae" else value**2)
+    return total
+
+
+def describe(metrics: dict[str, float]) -> str:
+    parts = []
+    for target, label, unit, factor in (
+        ("energy_per_atom", "E", "meV/atom", 1e3),
+        ("forces", "F", "meV/A", 1e3),
+        ("stress", "S", "meV/A^3", 1e3),
+    ):
+        if f"{target}_rmse" in metrics:
+            parts.append(f"{label} RMSE {metrics[f'{target}_rmse'] * factor:.4g} {unit}")
+    return ", ".join(parts) if parts else "no targets"
+
+
+class Trainer:
+    """State of one training run; ``fit`` drives it."""
+
+    def __init__(self, options: Options, context: Context, run: Run, seed: int):
+        self.options = options
+        self.context = context
+        self.run = run
+        self.seed = seed
+        self.training_options = options.architecture.training
+        self.loss_options = self.training_options.loss
+        self.dtype = torch.float64 if options.base_precision == 64 else torch.float32
+        self.datasets: Datasets = load_datasets(options, seed)
+        training = self.datasets.training
+        self.forces = training[0].forces is not None
+        self.stress = all(structure.stress is not None for structure in training)
+        logger.info(
+            f"data: {len(training)} training, {len(self.datasets.validation)} validation, "
+            f"{len(self.datasets.test)} test structures; targets: energy"
+            + (", forces" if self.forces else "")
+            + (", stress" if self.stress else "")
+        )
+        state = run.restart_state
+        if context.is_main and state is None:
+            record = expanded(options)
+            record["seed"] = seed
+            write_run_record(run.directory, record, self.datasets.split)
+        torch.manual_seed(seed)
+        if state is not None:
+            self.model = SoapBpnn(**state["hypers"])
+        else:
+            self.model = build_model(options, elements(training))
+        self.model.set_precision(self.dtype)
+        if state is not None:
+            self.model.load_state_dict(state["model_state"])
+        else:
+            fit_baseline(self.model, training, options, context)
+        self.model.to(context.device)
+        self.ddp_model = context.wrap(self.model)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=self.training_options.learning_rate
+        )
+        self.steps_per_epoch = steps_per_epoch(
+            len(training), self.training_options.batch_size
+        )
+        self.scheduler = make_scheduler(
+            self.optimizer,
+            self.training_options.num_epochs * self.steps_per_epoch,
+            self.training_options.warmup_fraction,
+        )
+        self.start_epoch = 0
+        self.best_metric = math.inf
+        self.best_epoch = -1
+        self.best_state = copy.deepcopy(self.model.state_dict())
+        if state is not None:
+            self.optimizer.load_state_dict(state["optimizer_state"])
+            self.scheduler.load_state_dict(state["scheduler_state"])
+            self.start_epoch = int(state["epoch"])
+            self.best_metric = float(state["best_metric"])
+            self.best_epoch = int(state["best_epoch"])
+            self.best_state = state["best_model_state"]
+            logger.info(f"resuming after epoch {self.start_epoch}")
+        n_parameters = sum(parameter.numel() for parameter in self.model.parameters())
+        logger.info(
+            f"model: SOAP-BPNN, {self.model.soap.n_features} features, "
+            f"{n_parameters} parameters, elements {self.model.atomic_types}, {self.dtype}"
+        )
+
+    # one epoch ---------------------------------------------------------------------
+    def train_epoch(self, epoch: int) -> torch.Tensor:
+        context = self.context
+        training = self.datasets.training
+        sums = MetricSums(context.device)
+        batches = global_batches(
+            epoch_order(len(training), self.seed, epoch), self.training_options.batch_size
+        )
+        show_bar = context.is_main and sys.stderr.isatty()
+        for global_batch in tqdm.tqdm(
+            batches, desc=f"epoch {epoch + 1}", leave=False, disable=not show_bar
+        ):
+            counts = global_counts(training, global_batch)
+            local = [
+                training[index]
+                for index in shard(global_batch, context.rank, context.world_size)
+            ]
+            batch = (
+                collate(local, self.model.cutoff)
+                if local
+                else empty_batch(True, self.forces, self.stress)
+            )
+            batch = batch.to(context.device, self.dtype)
+            predictions = predict(self.ddp_model, batch, self.forces, self.stress, True)
+            loss = batch_loss(predictions, batch, self.loss_options, counts)
+            self.optimizer.zero_grad(set_to_none=True)
+            # DDP averages gradients over ranks; the loss is already a share of the
+            # global-batch loss, so scale it back to make the average a sum.
+            (loss * context.world_size).backward()
+            self.optimizer.step()
+            self.scheduler.step()
+            sums.accumulate(predictions, batch, loss)
+        return sums.values
+
+    def evaluate(self, structures: list[Structure]) -> torch.Tensor:
+        return metric_sums(
+            self.model,
+            structures,
+            self.context,
+            self.training_options.batch_size,
+            self.dtype,
+        )
+
+    def checkpoint_state(self, epoch: int) -> dict[str, Any]:
+        return {
+            "architecture": ARCHITECTURE_NAME,
+            "hypers": self.model.hypers,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "model_state": {
+                k: v.detach().cpu() for k, v in self.model.state_dict().items()
+            },
+            "optimizer_state": self.optimizer.state_dict(),
+            "scheduler_state": self.scheduler.state_dict(),
+            "epoch": epoch,
+            "seed": self.seed,
+            "best_metric": self.best_metric,
+            "best_epoch": self.best_epoch,
+            "best_model_state": {k: v.detach().cpu() for k, v in self.best_state.items()},
+            "options": expanded(self.options),
+        }
+
+    # the whole run -----------------------------------------------------------------
+    def fit(self) -> dict[str, dict[str, float]]:
+        options = self.training_options
+        context = self.context
+        directory = self.run.directory
+        epoch_time = time.perf_counter()
+        for epoch in range(self.start_epoch, options.num_epochs):
+            train_values = self.train_epoch(epoch)
+            completed = epoch + 1
+            if completed % options.log_interval == 0 or completed == options.num_epochs:
+                validation_values = self.evaluate(self.datasets.validation)
+                reduced = context.all_reduce_sum(
+                    torch.cat([train_values, validation_values])
+                )
+                train_metrics = finalize(reduced[: len(SUM_NAMES)])
+                validation_metrics = finalize(reduced[len(SUM_NAMES) :])
+                train_loss = float(reduced[SUM_NAMES.index("loss")]) / self.steps_per_epoch
+                chosen = validation_metrics if self.datasets.validation else train_metrics
+                metric = selection_metric(chosen, self.options)
+                if metric < self.best_metric:
+                    self.best_metric = metric
+                    self.best_epoch = completed
+                    self.best_state = copy.deepcopy(self.model.state_dict())
+                    if context.is_main:
+                        save_checkpoint(
+                            directory / "best.ckpt", self.checkpoint_state(completed)
+                        )
+                self.log_epoch(
+                    completed,
+                    train_loss,
+                    train_metrics,
+                    validation_metrics,
+                    time.perf_counter() - epoch_time,
+                )
+                epoch_time = time.perf_counter()
+            if context.is_main:
+                state = self.checkpoint_state(completed)
+                save_checkpoint(directory / "last.ckpt", state)
+                if completed % options.checkpoint_interval == 0:
+                    save_checkpoint(directory / f"epoch_{completed}.ckpt", state)
+        return self.finish()
+
+    def log_epoch(self, epoch, train_loss, train_metrics, validation_metrics, seconds):
+        learning_rate = self.optimizer.param_groups[0]["lr"]
+        logger.info(
+            f"epoch {epoch}/{self.training_options.num_epochs} | lr {learning_rate:.3e} | "
+            f"loss {train_loss:.4e} | train: {describe(train_metrics)} | "
+            f"validation: {describe(validation_metrics)} | {seconds:.1f} s"
+        )
+        if self.context.is_main:
+            row: dict[str, Any] = {
+                "epoch": epoch,
+                "learning_rate": learning_rate,
+                "train_loss": train_loss,
+            }
+            row.update({f"train_{name}": value for name, value in train_metrics.items()})
+            row.update(
+                {f"validation_{name}": value for name, value in validation_metrics.items()}
+            )
+            append_csv(self.run.directory / "train.csv", row)
+
+    def finish(self) -> dict[str, dict[str, float]]:
+        """Evaluate the best model on every set, log the table, export, plot."""
+        context = self.context
+        self.model.load_state_dict(self.best_state)
+        parts = {
+            "train": self.datasets.training,
+            "validation": self.datasets.validation,
+            "test": self.datasets.test,
+        }
+        values = context.all_reduce_sum(
+            torch.cat([self.evaluate(s) for s in parts.values()])
+        )
+        size = len(SUM_NAMES)
+        results = {
+            name: finalize(values[position * size : (position + 1) * size])
+            for position, name in enumerate(parts)
+        }
+        logger.info(f"best model: epoch {self.best_epoch}")
+        logger.info(metrics_table(results))
+        if context.is_main:
+            directory = self.run.directory
+            export(self.model, directory / "model.pt")
+            if self.run.output_path is not None:
+                export(self.model, self.run.output_path)
+                logger.info(f"exported model to {self.run.output_path}")
+            logger.info(f"exported model to {directory / 'model.pt'}")
+            if (directory / "train.csv").exists():
+                plot_learning_curves(
+                    directory / "train.csv", directory / "learning_curves.png"
+                )
+        return results
+
+
+def metrics_table(results: dict[str, dict[str, float]]) -> str:
+    """Final metrics, one row per set: RMSE and MAE per target, energies in meV."""
+    columns = [
+        ("energy_per_atom_rmse", "E/atom RMSE", 1e3),
+        ("energy_per_atom_mae", "E/atom MAE", 1e3),
+        ("energy_rmse", "E RMSE", 1e3),
+        ("forces_rmse", "F RMSE", 1e3),
+        ("forces_mae", "F MAE", 1e3),
+        ("stress_rmse", "S RMSE", 1e3),
+        ("stress_mae", "S MAE", 1e3),
+    ]
+    present = [c for c in columns if any(c[0] in metrics for metrics in results.values())]
+    header = f"{'set':<12}" + "".join(f"{label:>14}" for _, label, _ in present)
+    lines = ["metrics of the best model (meV, meV/atom, meV/A, meV/A^3):", header]
+    for name, metrics in results.items():
+        cells = "".join(
+            f"{metrics[key] * factor:>14.4f}" if key in metrics else f"{'-':>14}"
+            for key, _, factor in present
+        )
+        lines.append(f"{name:<12}" + cells)
+    return "\n".join(lines)
+
+
+def train(
+    options: Options, context: Context, run: Run, seed: int
+) -> dict[str, dict[str, float]]:
+    return Trainer(options, context, run, seed).fit()

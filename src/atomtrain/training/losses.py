@@ -1,0 +1,53 @@
+"""Losses normalised by global counts, so that summing over ranks gives the loss of the
+whole global batch (and DDP's gradient average the single-process gradient)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..data.batch import Batch
+from ..options import LossOptions
+
+
+@dataclass(frozen=True)
+class GlobalCounts:
+    """How many of each target the whole global batch holds (all ranks together)."""
+
+    structures: int
+    force_components: int
+    stress_components: int
+
+
+def elementwise(kind: str, difference: torch.Tensor, huber_delta: float) -> torch.Tensor:
+    if kind == "mse":
+        return difference**2
+    if kind == "mae":
+        return difference.abs()
+    return torch.nn.functional.huber_loss(
+        difference, torch.zeros_like(difference), reduction="none", delta=huber_delta
+    )
+
+
+def batch_loss(
+    predictions: dict[str, torch.Tensor],
+    batch: Batch,
+    options: LossOptions,
+    counts: GlobalCounts,
+) -> torch.Tensor:
+    """This rank's share of the global-batch loss: its error sums over global counts."""
+    weights = options.weights
+    assert batch.energy is not None
+    difference = (predictions["energy"] - batch.energy) / batch.n_atoms
+    loss = weights.energy * elementwise(options.type, difference, options.huber_delta).sum()
+    loss = loss / max(counts.structures, 1)
+    if batch.forces is not None and "forces" in predictions:
+        difference = predictions["forces"] - batch.forces
+        term = elementwise(options.type, difference, options.huber_delta).sum()
+        loss = loss + weights.forces * term / max(counts.force_components, 1)
+    if batch.stress is not None and "stress" in predictions:
+        difference = predictions["stress"] - batch.stress
+        term = elementwise(options.type, difference, options.huber_delta).sum()
+        loss = loss + weights.stress * term / max(counts.stress_components, 1)
+    return loss

@@ -1,0 +1,93 @@
+"""Error metrics as sums and counts: add up per batch, all-reduce once, divide once."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..data.batch import Batch
+
+SUM_NAMES = (
+    "energy_per_atom_squared",
+    "energy_per_atom_absolute",
+    "energy_squared",
+    "energy_absolute",
+    "structures",
+    "forces_squared",
+    "forces_absolute",
+    "force_components",
+    "stress_squared",
+    "stress_absolute",
+    "stress_components",
+    "loss",
+)
+
+# metric name -> (sum name, count name, root?)
+METRICS = {
+    "energy_per_atom_rmse": ("energy_per_atom_squared", "structures", True),
+    "energy_per_atom_mae": ("energy_per_atom_absolute", "structures", False),
+    "energy_rmse": ("energy_squared", "structures", True),
+    "energy_mae": ("energy_absolute", "structures", False),
+    "forces_rmse": ("forces_squared", "force_components", True),
+    "forces_mae": ("forces_absolute", "force_components", False),
+    "stress_rmse": ("stress_squared", "stress_components", True),
+    "stress_mae": ("stress_absolute", "stress_components", False),
+}
+
+UNITS = {
+    "energy_per_atom": "eV/atom",
+    "energy": "eV",
+    "forces": "eV/A",
+    "stress": "eV/A^3",
+}
+
+
+class MetricSums:
+    """Running sums of errors and counts, kept as one float64 tensor."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.values = torch.zeros(len(SUM_NAMES), dtype=torch.float64, device=device)
+        self.index = {name: position for position, name in enumerate(SUM_NAMES)}
+
+    def add(self, name: str, value: torch.Tensor | float) -> None:
+        self.values[self.index[name]] += value
+
+    @torch.no_grad()
+    def accumulate(
+        self,
+        predictions: dict[str, torch.Tensor],
+        batch: Batch,
+        loss: torch.Tensor | None = None,
+    ) -> None:
+        if batch.energy is not None:
+            difference = (predictions["energy"].detach() - batch.energy).double()
+            per_atom = difference / batch.n_atoms
+            self.add("energy_per_atom_squared", (per_atom**2).sum())
+            self.add("energy_per_atom_absolute", per_atom.abs().sum())
+            self.add("energy_squared", (difference**2).sum())
+            self.add("energy_absolute", difference.abs().sum())
+            self.add("structures", batch.n_structures)
+        if batch.forces is not None and "forces" in predictions:
+            difference = (predictions["forces"].detach() - batch.forces).double()
+            self.add("forces_squared", (difference**2).sum())
+            self.add("forces_absolute", difference.abs().sum())
+            self.add("force_components", difference.numel())
+        if batch.stress is not None and "stress" in predictions:
+            difference = (predictions["stress"].detach() - batch.stress).double()
+            self.add("stress_squared", (difference**2).sum())
+            self.add("stress_absolute", difference.abs().sum())
+            self.add("stress_components", difference.numel())
+        if loss is not None:
+            self.add("loss", loss.detach().double())
+
+
+def finalize(values: torch.Tensor) -> dict[str, float]:
+    """Metrics from (already reduced) sums; targets without data are left out."""
+    sums = dict(zip(SUM_NAMES, values.cpu().tolist()))
+    metrics = {}
+    for name, (total, count, root) in METRICS.items():
+        if sums[count] > 0:
+            mean = sums[total] / sums[count]
+            metrics[name] = math.sqrt(mean) if root else mean
+    return metrics

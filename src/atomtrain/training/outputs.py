@@ -1,0 +1,137 @@
+"""Side effects of a run: directory, log, CSV, plots. Only rank 0 calls these."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from ..io import atomic_write
+
+LOGGER_NAME = "atomtrain"
+
+
+def write_run_record(directory: Path, options: dict, split: dict[str, list[int]]) -> None:
+    """The fully expanded options (enough to repeat the run) and the split indices."""
+    atomic_write(
+        directory / "options.yaml",
+        lambda path: path.write_text(yaml.safe_dump(options, sort_keys=False)),
+    )
+    atomic_write(
+        directory / "split.yaml",
+        lambda path: path.write_text(yaml.safe_dump(split, default_flow_style=None)),
+    )
+
+
+def new_run_directory(root: Path) -> Path:
+    """outputs/YYYY-MM-DD/HH-MM-SS, with a suffix when that name is already taken."""
+    now = datetime.datetime.now()
+    base = root / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
+    candidate = base
+    suffix = 1
+    while True:
+        try:
+            candidate.mkdir(parents=True, exist_ok=False)
+            return candidate
+        except FileExistsError:
+            candidate = base.with_name(f"{base.name}-{suffix}")
+            suffix += 1
+
+
+def newest_run_directory(root: Path) -> Path | None:
+    """The most recent run under ``root`` that has at least one checkpoint."""
+    runs = [path.parent for path in root.glob("*/*/last.ckpt")]
+    return max(runs, key=lambda path: (path / "last.ckpt").stat().st_mtime, default=None)
+
+
+class RankFilter(logging.Filter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank_prefix = f"[rank {self.rank}] " if self.rank else ""
+        return True
+
+
+def setup_logging(rank: int, log_file: Path | None) -> logging.Logger:
+    """Rank 0: INFO on the console and everything in ``log_file``. Other ranks: their
+    warnings and errors on the console, prefixed with their rank."""
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.handlers.clear()
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    console = logging.StreamHandler(sys.stderr if rank else sys.stdout)
+    console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    console.addFilter(RankFilter(rank))
+    console.setFormatter(
+        logging.Formatter("%(asctime)s %(rank_prefix)s%(message)s", "%H:%M:%S")
+    )
+    logger.addHandler(console)
+    if log_file is not None:
+        file_handler = logging.FileHandler(log_file)
+        file_handler.setLevel(logging.DEBUG)
+        file_handler.addFilter(RankFilter(rank))
+        file_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(rank_prefix)s%(message)s")
+        )
+        logger.addHandler(file_handler)
+    return logger
+
+
+def close_logging() -> None:
+    logger = logging.getLogger(LOGGER_NAME)
+    for handler in list(logger.handlers):
+        handler.close()
+        logger.removeHandler(handler)
+
+
+def append_csv(path: Path, row: dict[str, float | int | str]) -> None:
+    """One row per logged epoch; the header is written with the first row."""
+    exists = path.exists()
+    with path.open("a", newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=list(row))
+        if not exists:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def plot_learning_curves(csv_path: Path, png_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with csv_path.open() as stream:
+        rows = list(csv.DictReader(stream))
+    if not rows:
+        return
+    epochs = [int(row["epoch"]) for row in rows]
+    names = [
+        name
+        for name in rows[0]
+        if name.endswith("_rmse")
+        and "per_atom" not in name
+        or name.endswith("per_atom_rmse")
+    ]
+    targets = sorted({name.split("_", 1)[1] for name in names if "_" in name})
+    figure, axes = plt.subplots(
+        1, max(len(targets), 1), figsize=(4.5 * max(len(targets), 1), 3.5)
+    )
+    axes = axes if hasattr(axes, "__len__") else [axes]
+    for axis, target in zip(axes, targets):
+        for split in ("train", "validation"):
+            column = f"{split}_{target}"
+            if column in rows[0] and rows[0][column] != "":
+                axis.plot(epochs, [float(row[column]) for row in rows], label=split)
+        axis.set_xlabel("epoch")
+        axis.set_ylabel(target.replace("_", " "))
+        axis.set_yscale("log")
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)
