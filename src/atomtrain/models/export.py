@@ -7,6 +7,7 @@ harmonics operator and registers its derivatives. :func:`load_exported` does tha
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,7 +19,11 @@ from ..io import atomic_write
 def export(model: torch.nn.Module, path: str | Path) -> None:
     """Write ``model`` (eval mode, on CPU) as TorchScript to ``path``, atomically."""
     exported = copy.deepcopy(model).cpu().eval()
-    scripted = torch.jit.script(exported)
+    with warnings.catch_warnings():
+        # TorchScript is deprecated in recent torch, but it is what loads without
+        # Python code; the warning is not actionable for users
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted = torch.jit.script(exported)
     atomic_write(path, lambda temporary: scripted.save(str(temporary)))
 
 
@@ -32,7 +37,9 @@ def load_exported(
     if not path.exists():
         raise AtomtrainError(f"{path}: model file not found")
     try:
-        return torch.jit.load(str(path), map_location=device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.load(str(path), map_location=device)
     except Exception as error:
         raise AtomtrainError(
             f"{path}: not an exported atomtrain model ({str(error).splitlines()[0]}); "

@@ -1,0 +1,41 @@
+"""Small shared helpers for the tests."""
+
+from __future__ import annotations
+
+import ase
+import torch
+
+from atomtrain.data import collate, read_structures
+from atomtrain.data.system import Structure
+from atomtrain.models import SoapBpnn
+from atomtrain.training.evaluation import predict
+
+SMALL_HYPERS = dict(cutoff=4.0, cutoff_width=0.5, max_radial=3, max_angular=3,
+                    num_hidden_layers=2, num_neurons_per_layer=16)
+
+
+def small_model(atomic_types, dtype=torch.float64, seed=0, **changes) -> SoapBpnn:
+    torch.manual_seed(seed)
+    hypers = {**SMALL_HYPERS, **changes}
+    model = SoapBpnn(atomic_types, **hypers).set_precision(dtype)
+    # non-trivial baseline and scale, so that they are exercised too
+    model.set_baseline(torch.linspace(-3.0, -1.0, len(model.atomic_types)), 0.7)
+    return model
+
+
+def structure_from_atoms(atoms: ase.Atoms) -> Structure:
+    return Structure(
+        positions=torch.tensor(atoms.positions, dtype=torch.float64),
+        atomic_numbers=torch.tensor(atoms.numbers, dtype=torch.long),
+        cell=torch.tensor(atoms.cell.array, dtype=torch.float64),
+        pbc=torch.tensor(atoms.pbc),
+    )
+
+
+def run_model(model, structures, forces=True, stress=False, dtype=torch.float64):
+    batch = collate(structures, model.cutoff).to("cpu", dtype)
+    return predict(model, batch, forces, stress)
+
+
+def read(path, **keys):
+    return read_structures(path, **keys)

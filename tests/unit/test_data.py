@@ -1,0 +1,133 @@
+"""Reading extended XYZ: keys, units, all bundled data sets, and each bad-data error."""
+
+from __future__ import annotations
+
+import ase.units
+import numpy as np
+import pytest
+import torch
+from conftest import EXAMPLES, RESOURCES
+
+from atomtrain.data import TargetKeys, Units, read_structures
+from atomtrain.errors import DataError
+
+ALL_FILES = {
+    # path: (frames, has forces, has stress, keys)
+    RESOURCES / "ethanol_reduced_100.xyz": (100, True, False, {}),
+    RESOURCES / "qm9_reduced_100.xyz": (100, False, False, {"energy": "U0"}),
+    RESOURCES / "carbon_reduced_100.xyz": (100, True, True, {"forces": "force"}),  # virial
+    RESOURCES / "si_test.xyz": (25, True, True, {}),
+    RESOURCES / "ethanol_40.xyz": (40, True, False, {}),
+    RESOURCES / "tio2_30.xyz": (30, True, False, {}),
+    EXAMPLES / "ethanol" / "ethanol_1000.xyz": (1000, True, False, {}),
+    EXAMPLES / "silicon" / "si_train.xyz": (214, True, True, {}),
+    EXAMPLES / "silicon" / "si_test.xyz": (25, True, True, {}),
+    EXAMPLES / "tio2" / "tio2_1000.xyz": (1000, True, False, {}),
+}
+
+
+@pytest.mark.parametrize("path", list(ALL_FILES), ids=lambda p: p.name)
+def test_every_bundled_file_reads(path):
+    frames, forces, stress, keys = ALL_FILES[path]
+    structures = read_structures(path, TargetKeys(**keys))
+    assert len(structures) == frames
+    for structure in structures:
+        assert structure.energy is not None and np.isfinite(structure.energy)
+        assert (structure.forces is not None) == forces
+        assert (structure.stress is not None) == stress
+        if forces:
+            assert structure.forces.shape == (structure.n_atoms, 3)
+        if stress:
+            assert structure.stress.shape == (3, 3)
+            assert torch.allclose(structure.stress, structure.stress.T)
+
+
+def test_units_are_converted_through_ase():
+    path = RESOURCES / "ethanol_reduced_100.xyz"
+    raw = read_structures(path)
+    converted = read_structures(path, units=Units(energy="kcal/mol"))
+    factor = ase.units.kcal / ase.units.mol
+    assert converted[0].energy == pytest.approx(raw[0].energy * factor)
+    assert torch.allclose(converted[0].forces, raw[0].forces * factor)
+    in_bohr = read_structures(path, units=Units(length="bohr", energy="hartree"))
+    assert torch.allclose(in_bohr[0].positions, raw[0].positions * ase.units.Bohr)
+    assert torch.allclose(
+        in_bohr[0].forces, raw[0].forces * ase.units.Hartree / ase.units.Bohr
+    )
+
+
+def test_unknown_unit_is_a_clear_error():
+    with pytest.raises(DataError, match="unknown energy unit 'kelvin'"):
+        read_structures(RESOURCES / "si_test.xyz", units=Units(energy="kelvin"))
+
+
+def write(tmp_path, text, name="data.xyz"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+GOOD_FRAME = (
+    "2\nProperties=species:S:1:pos:R:3:forces:R:3 energy=-1.5 pbc=\"F F F\"\n"
+    "H 0 0 0 0.1 0.2 0.3\nH 0 0 0.7 -0.1 -0.2 -0.3\n"
+)
+
+
+def test_stress_as_voigt_or_matrix_and_virial(tmp_path):
+    cell = 'Lattice="3 0 0 0 3 0 0 0 3" pbc="T T T"'
+    matrix = "1 4 5 4 2 6 5 6 3"
+    header = "Properties=species:S:1:pos:R:3 energy=-1.0"
+    full = read_structures(write(tmp_path, f"1\n{header} {cell} stress=\"{matrix}\"\nSi 0 0 0\n"))
+    # ASE's extxyz reader insists on 9 values under 'stress'; Voigt comes under other keys
+    voigt = read_structures(
+        write(tmp_path, f"1\n{header} {cell} sigma=\"1 2 3 6 5 4\"\nSi 0 0 0\n", "v.xyz"),
+        TargetKeys(stress="sigma"),
+    )
+    virial = read_structures(
+        write(tmp_path, f"1\n{header} {cell} virial=\"{matrix}\"\nSi 0 0 0\n", "w.xyz")
+    )
+    expected = torch.tensor([[1.0, 4, 5], [4, 2, 6], [5, 6, 3]], dtype=torch.float64)
+    assert torch.allclose(full[0].stress, expected)
+    assert torch.allclose(voigt[0].stress, expected)
+    assert torch.allclose(virial[0].stress, -expected / 27.0)
+
+
+@pytest.mark.parametrize(
+    "text, keys, message",
+    [
+        ("", {}, "holds no structure"),
+        ("this is not\nan xyz file\n", {}, "cannot read as extended XYZ"),
+        (GOOD_FRAME.replace("energy=-1.5", "free=-1.5"), {},
+         r"frame 0: no energy under key 'energy'; keys present: .*free"),
+        (GOOD_FRAME, {"forces": "force", "read_forces": True},
+         r"frame 0: no forces under key 'force'; keys present: .*forces"),
+        (GOOD_FRAME.replace("energy=-1.5", "energy=nan"), {}, "energy 'energy' contains NaN"),
+        (GOOD_FRAME.replace("0.1 0.2 0.3", "inf 0.2 0.3"), {}, "forces 'forces' contains NaN"),
+        (GOOD_FRAME.replace("forces:R:3", "forces:R:2").replace(" 0.3\n", "\n")
+         .replace(" -0.3\n", "\n"), {}, r"forces 'forces' have shape \(2, 2\), expected \(2, 3\)"),
+        (GOOD_FRAME.replace('pbc="F F F"', 'Lattice="1 0 0 2 0 0 0 0 1" pbc="T T T"'), {},
+         "periodic but its cell has zero volume"),
+        (GOOD_FRAME + GOOD_FRAME.replace("energy=-1.5", "energy=-1.5 ").replace(
+            "Properties=species:S:1:pos:R:3:forces:R:3", "Properties=species:S:1:pos:R:3"
+        ).replace(" 0.1 0.2 0.3", "").replace(" -0.1 -0.2 -0.3", ""), {},
+         "frame 1: no forces under key 'forces'"),
+    ],
+    ids=["empty", "unreadable", "missing-energy", "missing-forces", "nan-energy",
+         "infinite-forces", "forces-shape", "zero-volume", "forces-missing-in-later-frame"],
+)
+def test_bad_data_gives_one_clear_error(tmp_path, text, keys, message):
+    path = write(tmp_path, text)
+    with pytest.raises(DataError, match=message) as error:
+        read_structures(path, TargetKeys(**keys))
+    assert str(path) in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DataError, match="data file not found"):
+        read_structures(tmp_path / "nothing.xyz")
+
+
+def test_energy_only_data_has_no_forces():
+    structures = read_structures(RESOURCES / "qm9_reduced_100.xyz", TargetKeys(energy="U0"))
+    assert all(structure.forces is None for structure in structures)

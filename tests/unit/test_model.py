@@ -1,0 +1,199 @@
+"""Physics of SOAP-BPNN: symmetries, conservative forces and stress, smoothness,
+batching, and the composition baseline."""
+
+from __future__ import annotations
+
+import ase
+import ase.build
+import numpy as np
+import pytest
+import torch
+from helpers import run_model, small_model, structure_from_atoms
+
+from atomtrain.models.composition import (
+    composition_counts,
+    normal_equation_sums,
+    solve_baseline,
+)
+
+
+def random_rotation(seed=3):
+    generator = np.random.default_rng(seed)
+    matrix, _ = np.linalg.qr(generator.normal(size=(3, 3)))
+    return matrix * np.sign(np.linalg.det(matrix))
+
+
+def molecule():
+    atoms = ase.build.molecule("CH3CH2OH")
+    atoms.rattle(0.05, seed=1)
+    return atoms
+
+
+def crystal():
+    atoms = ase.build.bulk("SiO", "rocksalt", a=4.6, cubic=True)
+    atoms.set_cell(atoms.cell.array @ np.array([[1, 0.05, 0], [0, 1, 0.1], [0, 0, 1.02]]),
+                   scale_atoms=True)
+    atoms.rattle(0.05, seed=2)
+    return atoms
+
+
+def evaluate(model, atoms, stress=False):
+    outputs = run_model(model, [structure_from_atoms(atoms)], stress=stress)
+    return {key: value.detach() for key, value in outputs.items()}
+
+
+@pytest.fixture(scope="module")
+def organic_model():
+    return small_model([1, 6, 8])
+
+
+@pytest.fixture(scope="module")
+def oxide_model():
+    return small_model([8, 14])
+
+
+def test_energy_invariant_forces_equivariant(organic_model):
+    atoms = molecule()
+    reference = evaluate(organic_model, atoms)
+    rotation = random_rotation()
+    moved = atoms.copy()
+    moved.positions = atoms.positions @ rotation.T + np.array([1.3, -2.0, 0.4])
+    result = evaluate(organic_model, moved)
+    assert torch.allclose(result["energy"], reference["energy"], atol=1e-10)
+    expected_forces = reference["forces"] @ torch.tensor(rotation.T)
+    assert torch.allclose(result["forces"], expected_forces, atol=1e-10)
+
+
+def test_permutation_of_same_element_atoms(organic_model):
+    atoms = molecule()
+    hydrogens = [index for index, z in enumerate(atoms.numbers) if z == 1]
+    order = list(range(len(atoms)))
+    order[hydrogens[0]], order[hydrogens[-1]] = order[hydrogens[-1]], order[hydrogens[0]]
+    reference = evaluate(organic_model, atoms)
+    permuted = evaluate(organic_model, atoms[order])
+    assert torch.allclose(permuted["energy"], reference["energy"], atol=1e-10)
+    assert torch.allclose(permuted["forces"], reference["forces"][order], atol=1e-10)
+
+
+def test_stress_equivariant_under_rotation_of_crystal(oxide_model):
+    atoms = crystal()
+    reference = evaluate(oxide_model, atoms, stress=True)
+    rotation = torch.tensor(random_rotation(7))
+    rotated = atoms.copy()
+    rotated.set_cell(atoms.cell.array @ rotation.numpy().T, scale_atoms=True)
+    result = evaluate(oxide_model, rotated, stress=True)
+    assert torch.allclose(result["energy"], reference["energy"], atol=1e-10)
+    expected = rotation @ reference["stress"][0] @ rotation.T
+    assert torch.allclose(result["stress"][0], expected, atol=1e-10)
+    assert torch.allclose(result["forces"], reference["forces"] @ rotation.T, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["molecule", "crystal"])
+def test_forces_are_finite_differences_of_energy(kind, organic_model, oxide_model):
+    atoms = molecule() if kind == "molecule" else crystal()
+    model = organic_model if kind == "molecule" else oxide_model
+    forces = evaluate(model, atoms)["forces"].numpy()
+    step = 1e-5
+    for atom in (0, 3):
+        for direction in range(3):
+            plus, minus = atoms.copy(), atoms.copy()
+            plus.positions[atom, direction] += step
+            minus.positions[atom, direction] -= step
+            derivative = (
+                float(evaluate(model, plus)["energy"][0]) - float(evaluate(model, minus)["energy"][0])
+            ) / (2 * step)
+            assert forces[atom, direction] == pytest.approx(-derivative, rel=1e-6, abs=1e-8)
+
+
+def test_stress_is_finite_difference_of_energy_under_strain(oxide_model):
+    atoms = crystal()
+    stress = evaluate(oxide_model, atoms, stress=True)["stress"][0].numpy()
+    volume = atoms.get_volume()
+    step = 1e-6
+    for i, j in [(0, 0), (1, 2), (2, 1), (0, 1)]:
+        strain = np.zeros((3, 3))
+        strain[i, j] += 0.5 * step
+        strain[j, i] += 0.5 * step
+        energies = []
+        for sign in (1, -1):
+            deformed = atoms.copy()
+            deformed.set_cell(atoms.cell.array @ (np.eye(3) + sign * strain), scale_atoms=True)
+            energies.append(float(evaluate(oxide_model, deformed)["energy"][0]))
+        derivative = (energies[0] - energies[1]) / (2 * step) / volume
+        assert stress[i, j] == pytest.approx(derivative, rel=1e-5, abs=1e-9)
+
+
+def test_energy_and_forces_continuous_across_cutoff():
+    model = small_model([1, 8])
+    cutoff = model.cutoff
+
+    def dimer(distance):
+        return ase.Atoms("OH", positions=[[0, 0, 0], [0, 0, distance]])
+
+    inside = evaluate(model, dimer(cutoff - 1e-7))
+    outside = evaluate(model, dimer(cutoff + 1e-7))
+    far = evaluate(model, dimer(cutoff + 1.0))
+    assert torch.allclose(inside["energy"], outside["energy"], atol=1e-9)
+    assert torch.allclose(inside["forces"], outside["forces"], atol=1e-6)
+    assert torch.allclose(outside["energy"], far["energy"], atol=1e-12)
+    assert torch.count_nonzero(outside["forces"]) == 0
+
+
+def test_batch_equals_single_structure_calls(oxide_model):
+    structures = []
+    for seed in range(3):
+        atoms = crystal()
+        atoms.rattle(0.05, seed=10 + seed)
+        structures.append(structure_from_atoms(atoms))
+    molecule_atoms = ase.Atoms("SiO2", positions=[[0, 0, 0], [1.6, 0, 0], [-1.6, 0.1, 0]])
+    structures.append(structure_from_atoms(molecule_atoms))
+    batched = run_model(oxide_model, structures, stress=True)
+    offset = 0
+    for index, structure in enumerate(structures):
+        single = run_model(oxide_model, [structure], stress=True)
+        assert torch.allclose(batched["energy"][index], single["energy"][0], atol=1e-10)
+        count = structure.n_atoms
+        assert torch.allclose(batched["forces"][offset : offset + count], single["forces"],
+                              atol=1e-10)
+        assert torch.allclose(batched["stress"][index], single["stress"][0], atol=1e-10)
+        offset += count
+    assert torch.count_nonzero(batched["stress"][-1]) == 0  # not periodic
+
+
+def test_float32_model_agrees_with_float64():
+    structure = structure_from_atoms(molecule())
+    high = small_model([1, 6, 8], torch.float64)
+    low = small_model([1, 6, 8], torch.float32)
+    energy64 = run_model(high, [structure])["energy"]
+    energy32 = run_model(low, [structure], dtype=torch.float32)["energy"]
+    assert energy32.dtype == torch.float64  # total energies are summed in float64
+    assert torch.allclose(energy32, energy64, rtol=1e-5)
+
+
+def test_composition_fit_recovers_per_element_energies():
+    generator = torch.Generator().manual_seed(0)
+    types = [1, 6, 8]
+    truth = torch.tensor([-13.6, -1029.5, -2041.3], dtype=torch.float64)
+    counts = torch.randint(0, 6, (30, 3), generator=generator).to(torch.float64)
+    counts[:, 1] += 1
+    numbers = torch.cat([
+        torch.tensor(types).repeat_interleave(row.long()) for row in counts
+    ])
+    system_index = torch.repeat_interleave(torch.arange(30), counts.sum(1).long())
+    rebuilt = composition_counts(numbers, system_index, 30, types)
+    assert torch.equal(rebuilt, counts)
+    energies = counts @ truth
+    gram, moment = normal_equation_sums(rebuilt, energies)
+    assert torch.allclose(solve_baseline(gram, moment), truth, rtol=1e-10)
+    # shards add up to the same fit
+    first = normal_equation_sums(rebuilt[:11], energies[:11])
+    second = normal_equation_sums(rebuilt[11:], energies[11:])
+    sharded = solve_baseline(first[0] + second[0], first[1] + second[1])
+    assert torch.allclose(sharded, truth, rtol=1e-10)
+
+
+def test_collinear_compositions_give_minimum_norm_fit():
+    counts = torch.tensor([[6.0, 2.0, 1.0]] * 4)  # every structure is C2H6O
+    energies = torch.tensor([-100.0, -101.0, -99.0, -100.0], dtype=torch.float64)
+    baseline = solve_baseline(*normal_equation_sums(counts, energies))
+    assert torch.allclose(counts[0].double() @ baseline, energies.mean())

@@ -1,0 +1,69 @@
+"""vesin neighbor lists agree with ASE's, and are computed once per structure."""
+
+from __future__ import annotations
+
+import ase
+import ase.build
+import numpy as np
+import pytest
+from ase.neighborlist import neighbor_list as ase_neighbor_list
+from helpers import structure_from_atoms
+
+from atomtrain.data.neighbors import neighbor_list
+
+
+def pairs_from_ase(atoms, cutoff):
+    first, second, shifts = ase_neighbor_list("ijS", atoms, cutoff)
+    return sorted(zip(first.tolist(), second.tolist(), map(tuple, shifts.tolist())))
+
+
+def pairs_from_atomtrain(atoms, cutoff):
+    nl = neighbor_list(structure_from_atoms(atoms), cutoff)
+    return sorted(
+        zip(nl.first.tolist(), nl.second.tolist(), map(tuple, nl.cell_shifts.tolist()))
+    )
+
+
+def skewed_cell():
+    atoms = ase.Atoms(
+        "SiSiO",
+        positions=[[0.1, 0.2, 0.3], [1.3, 0.9, 0.4], [0.7, 1.6, 1.5]],
+        cell=[[2.8, 0.0, 0.0], [1.9, 2.4, 0.0], [0.6, 1.1, 2.2]],
+        pbc=True,
+    )
+    return atoms
+
+
+CASES = {
+    "small-periodic": (ase.build.bulk("Si", "diamond", a=5.43), 5.0),
+    "skewed-periodic": (skewed_cell(), 4.5),
+    "mixed-pbc": (ase.build.fcc111("Al", size=(2, 2, 3), vacuum=5.0), 4.0),
+    "molecule": (ase.build.molecule("C6H6"), 3.0),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_neighbor_lists_agree_with_ase(name):
+    atoms, cutoff = CASES[name]
+    expected = pairs_from_ase(atoms, cutoff)
+    assert len(expected) > 0
+    assert pairs_from_atomtrain(atoms, cutoff) == expected
+
+
+def test_pair_vectors_have_the_right_length():
+    atoms, cutoff = CASES["skewed-periodic"]
+    nl = neighbor_list(structure_from_atoms(atoms), cutoff)
+    vectors = (
+        atoms.positions[nl.second.numpy()]
+        - atoms.positions[nl.first.numpy()]
+        + nl.cell_shifts.numpy() @ atoms.cell.array
+    )
+    distances = np.linalg.norm(vectors, axis=1)
+    assert np.all(distances < cutoff) and np.all(distances > 0)
+
+
+def test_neighbor_list_is_cached():
+    structure = structure_from_atoms(ase.build.molecule("H2O"))
+    first = neighbor_list(structure, 3.0)
+    assert neighbor_list(structure, 3.0) is first
+    assert neighbor_list(structure, 2.0) is not first
