@@ -36,9 +36,7 @@ class Calculator(AseCalculator):
                 f"{sorted(self.atomic_types)}"
             )
         pbc = np.asarray(atoms.pbc, dtype=bool)
-        neighbors = compute_neighbor_list(
-            atoms.positions, atoms.cell.array, pbc, self.cutoff
-        )
+        neighbors = compute_neighbor_list(atoms.positions, atoms.cell.array, pbc, self.cutoff)
         compute_stress = bool(pbc.all())
 
         def tensor(value, dtype=None):

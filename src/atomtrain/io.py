@@ -12,9 +12,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write`` on a temporary file in the same directory, then rename it to
     ``path``. A crash leaves the previous file (if any) untouched."""
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-    )
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(handle)
     try:
         write(Path(temporary))

@@ -241,9 +241,7 @@ def _model_at(model: type[BaseModel], location: tuple) -> type[BaseModel] | None
 
 
 def _describe(error: dict, source: str) -> str:
-    location = tuple(
-        part for part in error["loc"] if not (isinstance(part, str) and "[" in part)
-    )
+    location = tuple(part for part in error["loc"] if not (isinstance(part, str) and "[" in part))
     # drop the names pydantic adds for union members (e.g. 'float', 'DatasetOptions')
     location = tuple(
         part for part in location if not (isinstance(part, str) and part[:1].isupper())
@@ -301,9 +299,7 @@ def _resolve_paths(options: Options, base: Path) -> Options:
 def parse_options(data: Any, source: str = "options", base: Path | None = None) -> Options:
     """Validate a mapping as options; errors become one-line OptionsErrors."""
     if not isinstance(data, dict):
-        raise OptionsError(
-            f"{source}: the options must be a YAML mapping of keys to values"
-        )
+        raise OptionsError(f"{source}: the options must be a YAML mapping of keys to values")
     try:
         options = Options.model_validate(data)
     except ValidationError as error:
@@ -314,9 +310,7 @@ def parse_options(data: Any, source: str = "options", base: Path | None = None) 
 
 def check_fractions(options: Options, source: str) -> None:
     fractions = [
-        value
-        for value in (options.validation_set, options.test_set)
-        if isinstance(value, float)
+        value for value in (options.validation_set, options.test_set) if isinstance(value, float)
     ]
     if sum(fractions) >= 1.0:
         raise OptionsError(

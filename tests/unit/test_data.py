@@ -51,9 +51,7 @@ def test_units_are_converted_through_ase():
     assert torch.allclose(converted[0].forces, raw[0].forces * factor)
     in_bohr = read_structures(path, units=Units(length="bohr", energy="hartree"))
     assert torch.allclose(in_bohr[0].positions, raw[0].positions * ase.units.Bohr)
-    assert torch.allclose(
-        in_bohr[0].forces, raw[0].forces * ase.units.Hartree / ase.units.Bohr
-    )
+    assert torch.allclose(in_bohr[0].forces, raw[0].forces * ase.units.Hartree / ase.units.Bohr)
 
 
 def test_unknown_unit_is_a_clear_error():
@@ -68,7 +66,7 @@ def write(tmp_path, text, name="data.xyz"):
 
 
 GOOD_FRAME = (
-    "2\nProperties=species:S:1:pos:R:3:forces:R:3 energy=-1.5 pbc=\"F F F\"\n"
+    '2\nProperties=species:S:1:pos:R:3:forces:R:3 energy=-1.5 pbc="F F F"\n'
     "H 0 0 0 0.1 0.2 0.3\nH 0 0 0.7 -0.1 -0.2 -0.3\n"
 )
 
@@ -77,14 +75,14 @@ def test_stress_as_voigt_or_matrix_and_virial(tmp_path):
     cell = 'Lattice="3 0 0 0 3 0 0 0 3" pbc="T T T"'
     matrix = "1 4 5 4 2 6 5 6 3"
     header = "Properties=species:S:1:pos:R:3 energy=-1.0"
-    full = read_structures(write(tmp_path, f"1\n{header} {cell} stress=\"{matrix}\"\nSi 0 0 0\n"))
+    full = read_structures(write(tmp_path, f'1\n{header} {cell} stress="{matrix}"\nSi 0 0 0\n'))
     # ASE's extxyz reader insists on 9 values under 'stress'; Voigt comes under other keys
     voigt = read_structures(
-        write(tmp_path, f"1\n{header} {cell} sigma=\"1 2 3 6 5 4\"\nSi 0 0 0\n", "v.xyz"),
+        write(tmp_path, f'1\n{header} {cell} sigma="1 2 3 6 5 4"\nSi 0 0 0\n', "v.xyz"),
         TargetKeys(stress="sigma"),
     )
     virial = read_structures(
-        write(tmp_path, f"1\n{header} {cell} virial=\"{matrix}\"\nSi 0 0 0\n", "w.xyz")
+        write(tmp_path, f'1\n{header} {cell} virial="{matrix}"\nSi 0 0 0\n', "w.xyz")
     )
     expected = torch.tensor([[1.0, 4, 5], [4, 2, 6], [5, 6, 3]], dtype=torch.float64)
     assert torch.allclose(full[0].stress, expected)
@@ -97,23 +95,51 @@ def test_stress_as_voigt_or_matrix_and_virial(tmp_path):
     [
         ("", {}, "holds no structure"),
         ("this is not\nan xyz file\n", {}, "cannot read as extended XYZ"),
-        (GOOD_FRAME.replace("energy=-1.5", "free=-1.5"), {},
-         r"frame 0: no energy under key 'energy'; keys present: .*free"),
-        (GOOD_FRAME, {"forces": "force", "read_forces": True},
-         r"frame 0: no forces under key 'force'; keys present: .*forces"),
+        (
+            GOOD_FRAME.replace("energy=-1.5", "free=-1.5"),
+            {},
+            r"frame 0: no energy under key 'energy'; keys present: .*free",
+        ),
+        (
+            GOOD_FRAME,
+            {"forces": "force", "read_forces": True},
+            r"frame 0: no forces under key 'force'; keys present: .*forces",
+        ),
         (GOOD_FRAME.replace("energy=-1.5", "energy=nan"), {}, "energy 'energy' contains NaN"),
         (GOOD_FRAME.replace("0.1 0.2 0.3", "inf 0.2 0.3"), {}, "forces 'forces' contains NaN"),
-        (GOOD_FRAME.replace("forces:R:3", "forces:R:2").replace(" 0.3\n", "\n")
-         .replace(" -0.3\n", "\n"), {}, r"forces 'forces' have shape \(2, 2\), expected \(2, 3\)"),
-        (GOOD_FRAME.replace('pbc="F F F"', 'Lattice="1 0 0 2 0 0 0 0 1" pbc="T T T"'), {},
-         "periodic but its cell has zero volume"),
-        (GOOD_FRAME + GOOD_FRAME.replace("energy=-1.5", "energy=-1.5 ").replace(
-            "Properties=species:S:1:pos:R:3:forces:R:3", "Properties=species:S:1:pos:R:3"
-        ).replace(" 0.1 0.2 0.3", "").replace(" -0.1 -0.2 -0.3", ""), {},
-         "frame 1: no forces under key 'forces'"),
+        (
+            GOOD_FRAME.replace("forces:R:3", "forces:R:2")
+            .replace(" 0.3\n", "\n")
+            .replace(" -0.3\n", "\n"),
+            {},
+            r"forces 'forces' have shape \(2, 2\), expected \(2, 3\)",
+        ),
+        (
+            GOOD_FRAME.replace('pbc="F F F"', 'Lattice="1 0 0 2 0 0 0 0 1" pbc="T T T"'),
+            {},
+            "periodic but its cell has zero volume",
+        ),
+        (
+            GOOD_FRAME
+            + GOOD_FRAME.replace("energy=-1.5", "energy=-1.5 ")
+            .replace("Properties=species:S:1:pos:R:3:forces:R:3", "Properties=species:S:1:pos:R:3")
+            .replace(" 0.1 0.2 0.3", "")
+            .replace(" -0.1 -0.2 -0.3", ""),
+            {},
+            "frame 1: no forces under key 'forces'",
+        ),
     ],
-    ids=["empty", "unreadable", "missing-energy", "missing-forces", "nan-energy",
-         "infinite-forces", "forces-shape", "zero-volume", "forces-missing-in-later-frame"],
+    ids=[
+        "empty",
+        "unreadable",
+        "missing-energy",
+        "missing-forces",
+        "nan-energy",
+        "infinite-forces",
+        "forces-shape",
+        "zero-volume",
+        "forces-missing-in-later-frame",
+    ],
 )
 def test_bad_data_gives_one_clear_error(tmp_path, text, keys, message):
     path = write(tmp_path, text)

@@ -102,8 +102,9 @@ def test_exported_file_gives_right_forces_in_a_fresh_process(exported):
                           "max_force": float(forces.abs().max())}}))
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
     numbers = json.loads(result.stdout.strip().splitlines()[-1])
     assert numbers["max_force"] > 1e-4
     assert numbers["max_difference"] < 1e-6

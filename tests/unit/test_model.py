@@ -31,8 +31,9 @@ def molecule():
 
 def crystal():
     atoms = ase.build.bulk("SiO", "rocksalt", a=4.6, cubic=True)
-    atoms.set_cell(atoms.cell.array @ np.array([[1, 0.05, 0], [0, 1, 0.1], [0, 0, 1.02]]),
-                   scale_atoms=True)
+    atoms.set_cell(
+        atoms.cell.array @ np.array([[1, 0.05, 0], [0, 1, 0.1], [0, 0, 1.02]]), scale_atoms=True
+    )
     atoms.rattle(0.05, seed=2)
     return atoms
 
@@ -100,7 +101,8 @@ def test_forces_are_finite_differences_of_energy(kind, organic_model, oxide_mode
             plus.positions[atom, direction] += step
             minus.positions[atom, direction] -= step
             derivative = (
-                float(evaluate(model, plus)["energy"][0]) - float(evaluate(model, minus)["energy"][0])
+                float(evaluate(model, plus)["energy"][0])
+                - float(evaluate(model, minus)["energy"][0])
             ) / (2 * step)
             assert forces[atom, direction] == pytest.approx(-derivative, rel=1e-6, abs=1e-8)
 
@@ -153,8 +155,9 @@ def test_batch_equals_single_structure_calls(oxide_model):
         single = run_model(oxide_model, [structure], stress=True)
         assert torch.allclose(batched["energy"][index], single["energy"][0], atol=1e-10)
         count = structure.n_atoms
-        assert torch.allclose(batched["forces"][offset : offset + count], single["forces"],
-                              atol=1e-10)
+        assert torch.allclose(
+            batched["forces"][offset : offset + count], single["forces"], atol=1e-10
+        )
         assert torch.allclose(batched["stress"][index], single["stress"][0], atol=1e-10)
         offset += count
     assert torch.count_nonzero(batched["stress"][-1]) == 0  # not periodic
@@ -176,9 +179,7 @@ def test_composition_fit_recovers_per_element_energies():
     truth = torch.tensor([-13.6, -1029.5, -2041.3], dtype=torch.float64)
     counts = torch.randint(0, 6, (30, 3), generator=generator).to(torch.float64)
     counts[:, 1] += 1
-    numbers = torch.cat([
-        torch.tensor(types).repeat_interleave(row.long()) for row in counts
-    ])
+    numbers = torch.cat([torch.tensor(types).repeat_interleave(row.long()) for row in counts])
     system_index = torch.repeat_interleave(torch.arange(30), counts.sum(1).long())
     rebuilt = composition_counts(numbers, system_index, 30, types)
     assert torch.equal(rebuilt, counts)

@@ -19,9 +19,7 @@ def pairs_from_ase(atoms, cutoff):
 
 def pairs_from_atomtrain(atoms, cutoff):
     nl = neighbor_list(structure_from_atoms(atoms), cutoff)
-    return sorted(
-        zip(nl.first.tolist(), nl.second.tolist(), map(tuple, nl.cell_shifts.tolist()))
-    )
+    return sorted(zip(nl.first.tolist(), nl.second.tolist(), map(tuple, nl.cell_shifts.tolist())))
 
 
 def skewed_cell():

@@ -38,16 +38,13 @@ def add_parser(commands) -> None:
         "as extended XYZ with a parity plot beside them.",
     )
     parser.add_argument("model", type=Path, help="exported model file (model.pt)")
-    parser.add_argument(
-        "data", type=Path, help="extended XYZ file or YAML data description"
-    )
+    parser.add_argument("data", type=Path, help="extended XYZ file or YAML data description")
     parser.add_argument(
         "-o",
         "--output",
         type=Path,
         default=Path("predictions.xyz"),
-        help="predictions file (default: predictions.xyz); the parity plot "
-        "goes next to it as .png",
+        help="predictions file (default: predictions.xyz); the parity plot goes next to it as .png",
     )
     parser.add_argument(
         "-b",
@@ -74,9 +71,7 @@ def dataset_options(path: Path) -> DatasetOptions:
     return options.training_set
 
 
-def write_predictions(
-    path: Path, structures: list[Structure], predictions: list[dict]
-) -> None:
+def write_predictions(path: Path, structures: list[Structure], predictions: list[dict]) -> None:
     frames = []
     for structure, predicted in zip(structures, predictions):
         atoms = ase.Atoms(
@@ -121,9 +116,7 @@ def run(arguments: argparse.Namespace) -> int:
     sums = MetricSums(context.device)
     predictions: list[dict] = []
     indices = list(range(len(structures)))
-    for chunk, batch in local_batches(
-        structures, indices, arguments.batch_size, model.cutoff
-    ):
+    for chunk, batch in local_batches(structures, indices, arguments.batch_size, model.cutoff):
         batch = batch.to(context.device, dtype)
         predicted = predict(model, batch, forces, stress)
         sums.accumulate(predicted, batch)
@@ -131,11 +124,8 @@ def run(arguments: argparse.Namespace) -> int:
         for position, _ in enumerate(chunk):
             start, count = int(offsets[position]), int(batch.n_atoms[position])
             entry = {
-                "energy": float(predicted["energy"][position]),
-                "forces": predicted["forces"][start : start + count]
-                .detach()
-                .double()
-                .numpy(),
+                "energy": float(predicted["energy"][position].detach()),
+                "forces": predicted["forces"][start : start + count].detach().double().numpy(),
             }
             if stress:
                 entry["stress"] = predicted["stress"][position].detach().double().numpy()

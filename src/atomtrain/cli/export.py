@@ -17,9 +17,7 @@ def add_parser(commands) -> None:
         description="Export the best model of a checkpoint to one TorchScript file, usable "
         "without atomtrain's training code (e.g. from ASE with atomtrain.ase.Calculator).",
     )
-    parser.add_argument(
-        "checkpoint", type=Path, help="checkpoint (.ckpt) written by training"
-    )
+    parser.add_argument("checkpoint", type=Path, help="checkpoint (.ckpt) written by training")
     parser.add_argument(
         "-o",
         "--output",

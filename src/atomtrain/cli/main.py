@@ -23,9 +23,7 @@ def parser() -> argparse.ArgumentParser:
         description="Train machine-learning interatomic potentials (SOAP-BPNN) on one CPU, "
         "one GPU, several GPUs or many nodes.",
     )
-    main_parser.add_argument(
-        "--version", action="version", version=f"atomtrain {__version__}"
-    )
+    main_parser.add_argument("--version", action="version", version=f"atomtrain {__version__}")
     commands = main_parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (train_command, eval_command, export_command):
         module.add_parser(commands)

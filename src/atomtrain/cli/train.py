@@ -133,12 +133,8 @@ def run(arguments: argparse.Namespace) -> int:
 def log_rank_map(context) -> None:
     entries = context.all_gather_objects((context.rank, hostname(), str(context.device)))
     if context.is_distributed:
-        lines = [
-            f"  rank {rank}: host {host}, device {device}" for rank, host, device in entries
-        ]
-        logger.info(
-            f"{context.world_size} processes ({context.master}):\n" + "\n".join(lines)
-        )
+        lines = [f"  rank {rank}: host {host}, device {device}" for rank, host, device in entries]
+        logger.info(f"{context.world_size} processes ({context.master}):\n" + "\n".join(lines))
     else:
         logger.info(f"1 process on host {entries[0][1]}, device {entries[0][2]}")
 

@@ -79,9 +79,7 @@ def collate(structures: Sequence[Structure], cutoff: float) -> Batch:
         offsets.append(offset)
         offset += structure.n_atoms
     lists = [neighbor_list(structure, cutoff) for structure in structures]
-    n_atoms = torch.tensor(
-        [structure.n_atoms for structure in structures], dtype=torch.long
-    )
+    n_atoms = torch.tensor([structure.n_atoms for structure in structures], dtype=torch.long)
     energies = [structure.energy for structure in structures]
     return Batch(
         positions=torch.cat([structure.positions for structure in structures]),

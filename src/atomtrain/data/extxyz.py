@@ -146,8 +146,7 @@ class _FrameReader:
         if value.shape != (len(atoms), 3):
             raise self.fail(
                 index,
-                f"forces '{self.keys.forces}' have shape {value.shape}, "
-                f"expected ({len(atoms)}, 3)",
+                f"forces '{self.keys.forces}' have shape {value.shape}, expected ({len(atoms)}, 3)",
             )
         self.check_finite(index, f"forces '{self.keys.forces}'", value)
         return torch.from_numpy(value * self.energy / self.length)
@@ -176,9 +175,7 @@ class _FrameReader:
             matrix = matrix * self.energy / self.length**3
         return torch.from_numpy(matrix)
 
-    def structure(
-        self, index: int, atoms: ase.Atoms, forces: bool, stress: bool
-    ) -> Structure:
+    def structure(self, index: int, atoms: ase.Atoms, forces: bool, stress: bool) -> Structure:
         positions = np.asarray(atoms.positions, dtype=np.float64) * self.length
         self.check_finite(index, "positions", positions)
         cell = np.asarray(atoms.cell.array, dtype=np.float64) * self.length
@@ -221,6 +218,4 @@ def read_structures(
             _lookup(first, keys.stress, per_atom=False) is not None
             or _lookup(first, keys.virial, per_atom=False) is not None
         )
-    return [
-        reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)
-    ]
+    return [reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)]

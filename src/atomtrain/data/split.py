@@ -7,13 +7,14 @@ import torch
 
 def split_indices(n_structures: int, fractions: list[float], seed: int) -> list[list[int]]:
     """Shuffle ``range(n_structures)`` with ``seed`` and cut off one part per fraction
-    (rounded down); the first returned part holds the rest (the training part)."""
+    (rounded, at least one structure for a non-zero fraction); the first returned part
+    holds the rest (the training part), which may be empty."""
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(n_structures, generator=generator).tolist()
     parts = []
     start = 0
     for fraction in fractions:
-        size = int(fraction * n_structures)
+        size = max(1, round(fraction * n_structures)) if fraction > 0 else 0
         parts.append(sorted(order[start : start + size]))
         start += size
     return [sorted(order[start:]), *parts]

@@ -10,6 +10,7 @@ import datetime
 import errno
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,11 +70,18 @@ class Context:
         if not self.is_distributed:
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # a [1, n] weight's gradient may come with strides (1, 1) instead of (n, 1): same
+        # memory layout, so DDP's warning about it is noise
+        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view")
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
     def close(self) -> None:
+        """Leave together: a rank that tears down while others still talk aborts them."""
         if self.is_distributed and dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                dist.barrier()
+            finally:
+                dist.destroy_process_group()
 
 
 def single_process(device: torch.device) -> Context:
@@ -120,9 +128,7 @@ def set_threads(local_world_size: int) -> None:
     """Share the machine's cores among the processes on it, unless the user chose."""
     if "OMP_NUM_THREADS" in os.environ:
         return
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(max(1, (cores or 1) // max(1, local_world_size)))
 
 

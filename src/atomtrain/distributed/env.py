@@ -84,15 +84,11 @@ def _slurm(environ: Mapping[str, str], nproc: int | None, port: int | None) -> L
     try:
         master = hostlist.expand_hostlist(nodes)[0] if nodes else "127.0.0.1"
     except hostlist.BadHostlist as error:
-        raise DistributedError(
-            f"cannot expand SLURM node list '{nodes}': {error}"
-        ) from error
+        raise DistributedError(f"cannot expand SLURM node list '{nodes}': {error}") from error
     if "MASTER_ADDR" in environ:
         master = environ["MASTER_ADDR"]
     if port is None:
-        port = (
-            int(environ["MASTER_PORT"]) if "MASTER_PORT" in environ else slurm_port(environ)
-        )
+        port = int(environ["MASTER_PORT"]) if "MASTER_PORT" in environ else slurm_port(environ)
     tasks_per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get(
         "SLURM_TASKS_PER_NODE", "1"
     )
@@ -122,9 +118,7 @@ def detect_launch(
     if "SLURM_PROCID" in environ and n_tasks and int(n_tasks) > 1:
         return _slurm({**environ, "SLURM_NTASKS": n_tasks}, nproc, port)
     if nproc and nproc > 1:
-        return LaunchInfo(
-            kind="spawn", world_size=nproc, local_world_size=nproc, master_port=port
-        )
+        return LaunchInfo(kind="spawn", world_size=nproc, local_world_size=nproc, master_port=port)
     return LaunchInfo(kind="single")
 
 

@@ -12,9 +12,7 @@ from .context import check_port_free
 from .env import hostname
 
 
-def launch_workers(
-    arguments: list[str], nproc: int, port: int | None, timeout: float
-) -> int:
+def launch_workers(arguments: list[str], nproc: int, port: int | None, timeout: float) -> int:
     """Run ``python -m atomtrain <arguments>`` in ``nproc`` processes; return the exit
     code (0 when all succeeded). Each worker prints its own errors."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -5,9 +5,7 @@ from __future__ import annotations
 import torch
 
 
-def element_network(
-    n_inputs: int, n_hidden_layers: int, n_neurons: int
-) -> torch.nn.Sequential:
+def element_network(n_inputs: int, n_hidden_layers: int, n_neurons: int) -> torch.nn.Sequential:
     layers: list[torch.nn.Module] = []
     width = n_inputs
     for _ in range(n_hidden_layers):
@@ -24,21 +22,14 @@ class ElementNetworks(torch.nn.Module):
     all parameters take part in each backward pass (data-parallel training needs this).
     """
 
-    def __init__(
-        self, n_elements: int, n_inputs: int, n_hidden_layers: int, n_neurons: int
-    ):
+    def __init__(self, n_elements: int, n_inputs: int, n_hidden_layers: int, n_neurons: int):
         super().__init__()
         self.networks = torch.nn.ModuleList(
-            [
-                element_network(n_inputs, n_hidden_layers, n_neurons)
-                for _ in range(n_elements)
-            ]
+            [element_network(n_inputs, n_hidden_layers, n_neurons) for _ in range(n_elements)]
         )
 
     def forward(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
-        energies = torch.zeros(
-            features.shape[0], dtype=features.dtype, device=features.device
-        )
+        energies = torch.zeros(features.shape[0], dtype=features.dtype, device=features.device)
         for element, network in enumerate(self.networks):
             atoms = torch.nonzero(element_index == element).reshape(-1)
             energies = energies.index_put(

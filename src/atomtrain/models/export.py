@@ -27,9 +27,7 @@ def export(model: torch.nn.Module, path: str | Path) -> None:
     atomic_write(path, lambda temporary: scripted.save(str(temporary)))
 
 
-def load_exported(
-    path: str | Path, device: str | torch.device = "cpu"
-) -> torch.jit.ScriptModule:
+def load_exported(path: str | Path, device: str | torch.device = "cpu") -> torch.jit.ScriptModule:
     """Load an exported model file; ``sphericart.torch`` is imported first."""
     import sphericart.torch  # noqa: F401  (loads the operator and its autograd formulas)
 

@@ -80,9 +80,7 @@ class SoapPowerSpectrum(torch.nn.Module):
         distances = torch.linalg.vector_norm(edge_vectors, dim=1)
         radial = gaussian_radial_basis(distances, self.centers, self.radial_width)
         radial = radial @ self.radial_transform
-        radial = radial * cosine_cutoff(
-            distances, self.cutoff, self.cutoff_width
-        ).unsqueeze(1)
+        radial = radial * cosine_cutoff(distances, self.cutoff, self.cutoff_width).unsqueeze(1)
         angular = self.spherical_harmonics(edge_vectors)
         expansion = radial.unsqueeze(2) * angular.unsqueeze(1)  # [pairs, n, lm]
         target = pair_first * self.n_elements + neighbor_element
@@ -97,8 +95,6 @@ class SoapPowerSpectrum(torch.nn.Module):
         features = []
         for angular_l in range(self.max_angular + 1):
             block = density[:, :, angular_l * angular_l : (angular_l + 1) * (angular_l + 1)]
-            products = torch.bmm(block, block.transpose(1, 2)) / math.sqrt(
-                2 * angular_l + 1
-            )
+            products = torch.bmm(block, block.transpose(1, 2)) / math.sqrt(2 * angular_l + 1)
             features.append(products[:, self.upper_first, self.upper_second])
         return torch.cat(features, dim=1)

@@ -66,9 +66,7 @@ class SoapBpnn(torch.nn.Module):
             num_hidden_layers,
             num_neurons_per_layer,
         )
-        self.register_buffer(
-            "baseline", torch.zeros(len(atomic_types), dtype=torch.float64)
-        )
+        self.register_buffer("baseline", torch.zeros(len(atomic_types), dtype=torch.float64))
         self.register_buffer("scale", torch.ones((), dtype=torch.float64))
 
     def set_precision(self, dtype: torch.dtype) -> SoapBpnn:
@@ -164,9 +162,7 @@ class SoapBpnn(torch.nn.Module):
         )
         if compute_forces:
             gradient = gradients[0]
-            results["forces"] = (
-                -gradient if gradient is not None else torch.zeros_like(positions)
-            )
+            results["forces"] = -gradient if gradient is not None else torch.zeros_like(positions)
         if compute_stress:
             gradient = gradients[-1]
             if gradient is None:

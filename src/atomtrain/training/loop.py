@@ -74,18 +74,14 @@ def fit_baseline(
     """Per-element energies by least squares and the target scale, from all training
     structures: each rank adds up its shard, one all-reduce, the same solve everywhere."""
     types = model.atomic_types
-    fixed = {
-        int(z): float(e) for z, e in options.architecture.training.atomic_baseline.items()
-    }
+    fixed = {int(z): float(e) for z, e in options.architecture.training.atomic_baseline.items()}
     local = [
         training[index]
         for index in shard(list(range(len(training))), context.rank, context.world_size)
     ]
     energies = torch.tensor([s.energy for s in local], dtype=torch.float64)
     numbers = (
-        torch.cat([s.atomic_numbers for s in local])
-        if local
-        else torch.zeros(0, dtype=torch.long)
+        torch.cat([s.atomic_numbers for s in local]) if local else torch.zeros(0, dtype=torch.long)
     )
     system_index = torch.repeat_interleave(
         torch.arange(len(local)), torch.tensor([s.n_atoms for s in local], dtype=torch.long)
@@ -193,9 +189,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=self.training_options.learning_rate
         )
-        self.steps_per_epoch = steps_per_epoch(
-            len(training), self.training_options.batch_size
-        )
+        self.steps_per_epoch = steps_per_epoch(len(training), self.training_options.batch_size)
         self.scheduler = make_scheduler(
             self.optimizer,
             self.training_options.num_epochs * self.steps_per_epoch,
@@ -233,8 +227,7 @@ class Trainer:
         ):
             counts = global_counts(training, global_batch)
             local = [
-                training[index]
-                for index in shard(global_batch, context.rank, context.world_size)
+                training[index] for index in shard(global_batch, context.rank, context.world_size)
             ]
             batch = (
                 collate(local, self.model.cutoff)
@@ -267,9 +260,7 @@ class Trainer:
             "architecture": ARCHITECTURE_NAME,
             "hypers": self.model.hypers,
             "dtype": str(self.dtype).removeprefix("torch."),
-            "model_state": {
-                k: v.detach().cpu() for k, v in self.model.state_dict().items()
-            },
+            "model_state": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "optimizer_state": self.optimizer.state_dict(),
             "scheduler_state": self.scheduler.state_dict(),
             "epoch": epoch,
@@ -291,9 +282,7 @@ class Trainer:
             completed = epoch + 1
             if completed % options.log_interval == 0 or completed == options.num_epochs:
                 validation_values = self.evaluate(self.datasets.validation)
-                reduced = context.all_reduce_sum(
-                    torch.cat([train_values, validation_values])
-                )
+                reduced = context.all_reduce_sum(torch.cat([train_values, validation_values]))
                 train_metrics = finalize(reduced[: len(SUM_NAMES)])
                 validation_metrics = finalize(reduced[len(SUM_NAMES) :])
                 train_loss = float(reduced[SUM_NAMES.index("loss")]) / self.steps_per_epoch
@@ -304,9 +293,7 @@ class Trainer:
                     self.best_epoch = completed
                     self.best_state = copy.deepcopy(self.model.state_dict())
                     if context.is_main:
-                        save_checkpoint(
-                            directory / "best.ckpt", self.checkpoint_state(completed)
-                        )
+                        save_checkpoint(directory / "best.ckpt", self.checkpoint_state(completed))
                 self.log_epoch(
                     completed,
                     train_loss,
@@ -336,9 +323,7 @@ class Trainer:
                 "train_loss": train_loss,
             }
             row.update({f"train_{name}": value for name, value in train_metrics.items()})
-            row.update(
-                {f"validation_{name}": value for name, value in validation_metrics.items()}
-            )
+            row.update({f"validation_{name}": value for name, value in validation_metrics.items()})
             append_csv(self.run.directory / "train.csv", row)
 
     def finish(self) -> dict[str, dict[str, float]]:
@@ -350,9 +335,7 @@ class Trainer:
             "validation": self.datasets.validation,
             "test": self.datasets.test,
         }
-        values = context.all_reduce_sum(
-            torch.cat([self.evaluate(s) for s in parts.values()])
-        )
+        values = context.all_reduce_sum(torch.cat([self.evaluate(s) for s in parts.values()]))
         size = len(SUM_NAMES)
         results = {
             name: finalize(values[position * size : (position + 1) * size])
@@ -368,9 +351,7 @@ class Trainer:
                 logger.info(f"exported model to {self.run.output_path}")
             logger.info(f"exported model to {directory / 'model.pt'}")
             if (directory / "train.csv").exists():
-                plot_learning_curves(
-                    directory / "train.csv", directory / "learning_curves.png"
-                )
+                plot_learning_curves(directory / "train.csv", directory / "learning_curves.png")
         return results
 
 
@@ -386,18 +367,17 @@ def metrics_table(results: dict[str, dict[str, float]]) -> str:
         ("stress_mae", "S MAE", 1e3),
     ]
     present = [c for c in columns if any(c[0] in metrics for metrics in results.values())]
-    header = f"{'set':<12}" + "".join(f"{label:>14}" for _, label, _ in present)
+    width = max(12, *(len(name) + 2 for name in results))
+    header = f"{'set':<{width}}" + "".join(f"{label:>14}" for _, label, _ in present)
     lines = ["metrics of the best model (meV, meV/atom, meV/A, meV/A^3):", header]
     for name, metrics in results.items():
         cells = "".join(
             f"{metrics[key] * factor:>14.4f}" if key in metrics else f"{'-':>14}"
             for key, _, factor in present
         )
-        lines.append(f"{name:<12}" + cells)
+        lines.append(f"{name:<{width}}" + cells)
     return "\n".join(lines)
 
 
-def train(
-    options: Options, context: Context, run: Run, seed: int
-) -> dict[str, dict[str, float]]:
+def train(options: Options, context: Context, run: Run, seed: int) -> dict[str, dict[str, float]]:
     return Trainer(options, context, run, seed).fit()

@@ -68,9 +68,7 @@ def setup_logging(rank: int, log_file: Path | None) -> logging.Logger:
     console = logging.StreamHandler(sys.stderr if rank else sys.stdout)
     console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     console.addFilter(RankFilter(rank))
-    console.setFormatter(
-        logging.Formatter("%(asctime)s %(rank_prefix)s%(message)s", "%H:%M:%S")
-    )
+    console.setFormatter(logging.Formatter("%(asctime)s %(rank_prefix)s%(message)s", "%H:%M:%S"))
     logger.addHandler(console)
     if log_file is not None:
         file_handler = logging.FileHandler(log_file)
@@ -114,14 +112,10 @@ def plot_learning_curves(csv_path: Path, png_path: Path) -> None:
     names = [
         name
         for name in rows[0]
-        if name.endswith("_rmse")
-        and "per_atom" not in name
-        or name.endswith("per_atom_rmse")
+        if name.endswith("_rmse") and "per_atom" not in name or name.endswith("per_atom_rmse")
     ]
     targets = sorted({name.split("_", 1)[1] for name in names if "_" in name})
-    figure, axes = plt.subplots(
-        1, max(len(targets), 1), figsize=(4.5 * max(len(targets), 1), 3.5)
-    )
+    figure, axes = plt.subplots(1, max(len(targets), 1), figsize=(4.5 * max(len(targets), 1), 3.5))
     axes = axes if hasattr(axes, "__len__") else [axes]
     for axis, target in zip(axes, targets):
         for split in ("train", "validation"):

@@ -22,6 +22,4 @@ def warmup_cosine(total_steps: int, warmup_fraction: float):
 def make_scheduler(
     optimizer: torch.optim.Optimizer, total_steps: int, warmup_fraction: float
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(total_steps, warmup_fraction)
-    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_fraction))

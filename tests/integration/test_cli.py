@@ -1,0 +1,229 @@
+"""End-to-end command-line tests: train, eval, export, restart, reproducibility."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import ase.io
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import RESOURCES
+from helpers import checkpoint_weights, run_directories, write_options
+
+from atomtrain.cli.main import main
+from atomtrain.data import read_structures
+
+ETHANOL = RESOURCES / "ethanol_40.xyz"
+
+
+def train(tmp_path, options, *extra):
+    return main(["train", str(options), "--outputs", str(tmp_path / "outputs"), *extra])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One real training run shared by the read-only checks."""
+    directory = tmp_path_factory.mktemp("run")
+    options = write_options(directory, ETHANOL)
+    assert train(directory, options, "-o", str(directory / "exported.pt")) == 0
+    (run,) = run_directories(directory / "outputs")
+    return directory, run
+
+
+def test_run_writes_the_expected_outputs(trained):
+    directory, run = trained
+    for name in [
+        "train.log",
+        "train.csv",
+        "options.yaml",
+        "split.yaml",
+        "best.ckpt",
+        "last.ckpt",
+        "epoch_2.ckpt",
+        "model.pt",
+        "learning_curves.png",
+    ]:
+        assert (run / name).is_file(), name
+    assert (directory / "exported.pt").is_file()
+    log = (run / "train.log").read_text()
+    assert "seed 5" in log and "metrics of the best model" in log
+    assert run.parent.name.count("-") == 2 and run.name.count("-") == 2  # date / time
+
+
+def test_csv_has_one_row_per_logged_epoch(trained):
+    _, run = trained
+    with (run / "train.csv").open() as stream:
+        rows = list(csv.DictReader(stream))
+    assert [int(row["epoch"]) for row in rows] == [1, 2, 3]
+    for column in [
+        "learning_rate",
+        "train_loss",
+        "train_energy_per_atom_rmse",
+        "train_forces_mae",
+        "validation_energy_per_atom_rmse",
+        "validation_forces_rmse",
+        "validation_energy_mae",
+    ]:
+        assert all(float(row[column]) >= 0 for row in rows), column
+    assert float(rows[-1]["train_loss"]) < float(rows[0]["train_loss"])
+
+
+def test_expanded_options_and_split_reproduce_the_run(trained):
+    _, run = trained
+    options = yaml.safe_load((run / "options.yaml").read_text())
+    assert options["seed"] == 5
+    assert options["architecture"]["training"]["loss"]["type"] == "mse"
+    assert options["distributed"]["timeout"] == 300.0
+    split = yaml.safe_load((run / "split.yaml").read_text())
+    assert sorted(split["training"] + split["validation"] + split["test"]) == list(range(40))
+    assert len(split["validation"]) == 8 and len(split["test"]) == 4
+
+
+def test_same_seed_same_model_and_split(tmp_path, trained):
+    _, run = trained
+    options = tmp_path / "again.yaml"
+    options.write_text((run / "options.yaml").read_text())
+    assert train(tmp_path, options) == 0
+    (again,) = run_directories(tmp_path / "outputs")
+    assert (again / "split.yaml").read_text() == (run / "split.yaml").read_text()
+    first, second = checkpoint_weights(run / "last.ckpt"), checkpoint_weights(again / "last.ckpt")
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def test_restart_from_a_checkpoint_ends_with_the_same_model(tmp_path, trained):
+    """Continue from epoch 2 of the shared run: epoch 3 must be reproduced exactly."""
+    _, run = trained
+    uninterrupted = torch.load(run / "last.ckpt", weights_only=True)["model_state"]
+    copy_directory = tmp_path / "outputs" / "2000-01-01" / "00-00-00"
+    copy_directory.mkdir(parents=True)
+    (copy_directory / "last.ckpt").write_bytes((run / "epoch_2.ckpt").read_bytes())
+    options = tmp_path / "options.yaml"
+    options.write_text((run / "options.yaml").read_text())
+    assert train(tmp_path, options, "--restart", "auto") == 0
+    resumed = torch.load(copy_directory / "last.ckpt", weights_only=True)
+    assert resumed["epoch"] == 3
+    for name, value in uninterrupted.items():
+        assert torch.allclose(resumed["model_state"][name], value, rtol=1e-12, atol=1e-14), name
+    assert "resuming after epoch 2" in (copy_directory / "train.log").read_text()
+
+
+def test_eval_metrics_match_an_independent_computation(tmp_path, trained, capsys):
+    directory, run = trained
+    predictions = tmp_path / "predictions.xyz"
+    assert main(["eval", str(run / "model.pt"), str(ETHANOL), "-o", str(predictions)]) == 0
+    assert predictions.with_suffix(".png").is_file()
+    predicted = ase.io.read(predictions, ":")
+    reference = ase.io.read(ETHANOL, ":")
+    assert len(predicted) == len(reference)
+    energy_error = np.array(
+        [p.get_potential_energy() - r.get_potential_energy() for p, r in zip(predicted, reference)]
+    )
+    force_error = np.concatenate(
+        [(p.get_forces() - r.get_forces()).ravel() for p, r in zip(predicted, reference)]
+    )
+    per_atom = energy_error / np.array([len(r) for r in reference])
+    expected = {
+        "E/atom RMSE": np.sqrt(np.mean(per_atom**2)) * 1e3,
+        "F RMSE": np.sqrt(np.mean(force_error**2)) * 1e3,
+        "F MAE": np.mean(np.abs(force_error)) * 1e3,
+    }
+    # the table that eval printed holds the same numbers
+    table = capsys.readouterr().out.splitlines()
+    header = next(line for line in table if line.startswith("set"))
+    row = next(line for line in table if line.startswith("ethanol_40.xyz"))
+    labels = [label.strip() for label in header[12:].split("  ") if label.strip()]
+    values = dict(zip(labels, map(float, row.split()[1:])))
+    for label, value in expected.items():
+        assert values[label] == pytest.approx(value, abs=1e-4), label
+
+
+def test_eval_accepts_metatrain_yaml(tmp_path, trained):
+    _, run = trained
+    description = tmp_path / "eval.yaml"
+    description.write_text(
+        yaml.safe_dump(
+            {
+                "systems": {
+                    "read_from": str(RESOURCES / "ethanol_reduced_100.xyz"),
+                    "length_unit": "angstrom",
+                },
+                "targets": {"energy": {"key": "energy", "unit": "kcal/mol", "forces": True}},
+            }
+        )
+    )
+    predictions = tmp_path / "out.xyz"
+    assert main(["eval", str(run / "model.pt"), str(description), "-o", str(predictions)]) == 0
+    frames = ase.io.read(predictions, ":")
+    assert len(frames) == 100
+    energies = np.array([frame.get_potential_energy() for frame in frames])
+    reference = np.array(
+        [
+            s.energy
+            for s in read_structures(
+                RESOURCES / "ethanol_reduced_100.xyz",
+                units=__import__("atomtrain").data.Units(energy="kcal/mol"),
+            )
+        ]
+    )
+    # converted to eV: the predictions sit near the reference, not 23 times off
+    assert np.abs(energies - reference).mean() < 5.0
+
+
+def test_export_command(tmp_path, trained):
+    _, run = trained
+    output = tmp_path / "exported.pt"
+    assert main(["export", str(run / "best.ckpt"), "-o", str(output)]) == 0
+    from atomtrain.ase import Calculator
+
+    atoms = ase.io.read(ETHANOL, 0)
+    atoms.calc = Calculator(str(output))
+    reference = ase.io.read(ETHANOL, 0)
+    reference.calc = Calculator(str(run / "model.pt"))
+    assert atoms.get_potential_energy() == pytest.approx(reference.get_potential_energy())
+
+
+def test_energy_only_data_trains(tmp_path):
+    options = write_options(
+        tmp_path,
+        RESOURCES / "qm9_reduced_100.xyz",
+        training_set={
+            "systems": {"read_from": str(RESOURCES / "qm9_reduced_100.xyz")},
+            "targets": {"energy": {"key": "U0", "unit": "hartree"}},
+        },
+        architecture__training__num_epochs=2,
+    )
+    assert train(tmp_path, options) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    header = (run / "train.csv").read_text().splitlines()[0]
+    assert "forces" not in header and "energy_per_atom_rmse" in header
+
+
+def test_periodic_data_with_stress_trains(tmp_path):
+    options = write_options(
+        tmp_path,
+        RESOURCES / "si_test.xyz",
+        architecture__training__num_epochs=2,
+        validation_set=0.2,
+        test_set=0.0,
+    )
+    assert train(tmp_path, options) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    header = (run / "train.csv").read_text().splitlines()[0]
+    assert "validation_stress_rmse" in header
+
+
+def test_help_and_version():
+    result = subprocess.run(
+        [sys.executable, "-m", "atomtrain", "--version"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and "atomtrain" in result.stdout
+    for command in ("train", "eval", "export"):
+        result = subprocess.run(
+            [sys.executable, "-m", "atomtrain", command, "--help"], capture_output=True, text=True
+        )
+        assert result.returncode == 0 and "usage" in result.stdout

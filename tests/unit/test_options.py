@@ -1,0 +1,119 @@
+"""Options: metatrain compatibility, overrides, and the generated reference docs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from atomtrain.errors import OptionsError
+from atomtrain.options import load_options, parse_options
+
+METATRAIN_OPTIONS = """
+seed: 42
+device: cpu
+base_precision: 64
+architecture:
+  name: soap_bpnn
+  model:
+    soap:
+      cutoff:
+        radius: 4.5
+        width: 0.4
+      max_radial: 6
+      max_angular: 4
+    bpnn:
+      num_hidden_layers: 3
+      num_neurons_per_layer: 64
+      layernorm: false
+  training:
+    batch_size: 16
+    num_epochs: 10
+    learning_rate: 0.01
+    warmup_fraction: 0.05
+    log_interval: 2
+    checkpoint_interval: 5
+    loss: mae
+    scale_targets: false
+    atomic_baseline: {1: -13.6}
+training_set:
+  systems:
+    read_from: data.xyz
+    length_unit: angstrom
+  targets:
+    energy:
+      key: U0
+      unit: hartree
+      forces: false
+validation_set: 0.1
+test_set: 0.1
+"""
+
+
+def test_metatrain_soap_bpnn_file_runs_unchanged(tmp_path):
+    path = tmp_path / "options.yaml"
+    path.write_text(METATRAIN_OPTIONS)
+    options = load_options(path)
+    assert options.architecture.model.soap.cutoff.radius == 4.5
+    assert options.architecture.model.bpnn.num_neurons_per_layer == 64
+    assert options.architecture.training.loss.type == "mae"
+    assert options.architecture.training.atomic_baseline == {1: -13.6}
+    assert options.training_set.targets.energy.unit == "hartree"
+    assert options.training_set.systems.read_from == str(tmp_path / "data.xyz")
+
+
+def test_overrides_change_nested_values(tmp_path):
+    path = tmp_path / "options.yaml"
+    path.write_text(METATRAIN_OPTIONS)
+    options = load_options(
+        path, ["architecture.training.num_epochs=3", "seed=7", "distributed.port=29511"]
+    )
+    assert options.architecture.training.num_epochs == 3
+    assert options.seed == 7 and options.distributed.port == 29511
+    with pytest.raises(OptionsError, match="key.path=value"):
+        load_options(path, ["seed"])
+
+
+def test_path_shorthand_for_data_sets():
+    options = parse_options({"training_set": "/data/a.xyz", "test_set": "/data/b.xyz"})
+    assert options.training_set.systems.read_from == "/data/a.xyz"
+    assert options.test_set.systems.read_from == "/data/b.xyz"
+    assert options.validation_set == 0.1
+
+
+def test_docs_options_md_is_current():
+    generated = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "options_doc.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert generated == (ROOT / "docs" / "options.md").read_text(), (
+        "docs/options.md is stale: python scripts/options_doc.py > docs/options.md"
+    )
+    assert "batch_size" in generated and "global batch" in generated
+
+
+def test_every_field_is_documented():
+    from pydantic import BaseModel
+
+    from atomtrain import options as module
+
+    for value in vars(module).values():
+        if isinstance(value, type) and issubclass(value, BaseModel) and value is not BaseModel:
+            for name, field in value.model_fields.items():
+                assert field.description, f"{value.__name__}.{name} has no docstring"
+
+
+def test_expanded_options_load_back(tmp_path):
+    from atomtrain.options import expanded
+
+    path = tmp_path / "options.yaml"
+    path.write_text(METATRAIN_OPTIONS)
+    options = load_options(path)
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(expanded(options)))
+    assert load_options(again) == options
