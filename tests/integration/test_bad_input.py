@@ -8,10 +8,11 @@ import sys
 
 import pytest
 import torch
-from conftest import RESOURCES
-from helpers import write_options
 
 from atomtrain.cli.main import main
+
+from conftest import RESOURCES
+from helpers import write_options
 
 ETHANOL = RESOURCES / "ethanol_40.xyz"
 

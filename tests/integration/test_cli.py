@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import RESOURCES
-from helpers import checkpoint_weights, run_directories, write_options
 
 from atomtrain.cli.main import main
 from atomtrain.data import read_structures
+
+from conftest import RESOURCES
+from helpers import checkpoint_weights, run_directories, write_options
 
 ETHANOL = RESOURCES / "ethanol_40.xyz"
 

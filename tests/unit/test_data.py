@@ -6,10 +6,11 @@ import ase.units
 import numpy as np
 import pytest
 import torch
-from conftest import EXAMPLES, RESOURCES
 
 from atomtrain.data import TargetKeys, Units, read_structures
 from atomtrain.errors import DataError
+
+from conftest import EXAMPLES, RESOURCES
 
 ALL_FILES = {
     # path: (frames, has forces, has stress, keys)

@@ -13,11 +13,12 @@ import ase.build
 import numpy as np
 import pytest
 import torch
-from helpers import run_model, small_model, structure_from_atoms
 
 from atomtrain.ase import Calculator
 from atomtrain.errors import AtomtrainError
 from atomtrain.models.export import export, load_exported
+
+from helpers import run_model, small_model, structure_from_atoms
 
 
 def crystal():
@@ -111,8 +112,8 @@ def test_exported_file_gives_right_forces_in_a_fresh_process(exported):
 
 
 def test_short_molecular_dynamics(exported):
-    from ase.md.verlet import VelocityVerlet
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+    from ase.md.verlet import VelocityVerlet
 
     _, path = exported
     atoms = crystal()

@@ -8,13 +8,14 @@ import ase.build
 import numpy as np
 import pytest
 import torch
-from helpers import run_model, small_model, structure_from_atoms
 
 from atomtrain.models.composition import (
     composition_counts,
     normal_equation_sums,
     solve_baseline,
 )
+
+from helpers import run_model, small_model, structure_from_atoms
 
 
 def random_rotation(seed=3):

@@ -7,9 +7,10 @@ import ase.build
 import numpy as np
 import pytest
 from ase.neighborlist import neighbor_list as ase_neighbor_list
-from helpers import structure_from_atoms
 
 from atomtrain.data.neighbors import neighbor_list
+
+from helpers import structure_from_atoms
 
 
 def pairs_from_ase(atoms, cutoff):

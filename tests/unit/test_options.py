@@ -7,10 +7,11 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
 
 from atomtrain.errors import OptionsError
 from atomtrain.options import load_options, parse_options
+
+from conftest import ROOT
 
 METATRAIN_OPTIONS = """
 seed: 42

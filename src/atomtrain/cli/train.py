@@ -94,6 +94,13 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.output is not None:
         check_output_path(arguments.output)
     launch = detect_launch(os.environ, arguments.nproc, options.distributed.port)
+    batch_size = options.architecture.training.batch_size
+    if launch.world_size > batch_size:
+        raise AtomtrainError(
+            f"{launch.world_size} processes but architecture.training.batch_size is "
+            f"{batch_size} (the global batch): each process needs at least one structure "
+            "per step; raise batch_size or use fewer processes"
+        )
     if launch.kind == "spawn":
         return launch_workers(
             strip_nproc(arguments.argv),

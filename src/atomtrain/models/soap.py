@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import sphericart.torch
 import torch
 
@@ -30,14 +31,24 @@ def gaussian_radial_basis(
 def orthonormalizer(centers: torch.Tensor, width: float, radius: float) -> torch.Tensor:
     """Matrix S^-1/2 that makes the radial basis orthonormal under the r^2 dr measure.
 
-    Orthonormal functions keep features well conditioned; it is computed once in float64.
+    Orthonormal functions keep features well conditioned. It is computed once, in
+    float64 with numpy's pairwise sums on a fixed grid, so that every process (whatever
+    its thread count) builds exactly the same model from the same hyperparameters.
     """
-    grid = torch.linspace(0.0, radius, 2001, dtype=torch.float64)
-    values = gaussian_radial_basis(grid, centers.to(torch.float64), width)
-    weights = grid**2 * (grid[1] - grid[0])
-    overlap = values.T @ (values * weights.unsqueeze(1))
-    eigenvalues, eigenvectors = torch.linalg.eigh(overlap)
-    return eigenvectors @ torch.diag(eigenvalues.clamp_min(1e-12) ** -0.5) @ eigenvectors.T
+    grid = np.linspace(0.0, radius, 2001)
+    points = centers.detach().cpu().numpy().astype(np.float64)
+    values = np.exp(-0.5 * ((grid[:, None] - points[None, :]) / width) ** 2)
+    weighted = values * (grid**2 * (grid[1] - grid[0]))[:, None]
+    overlap = np.array(
+        [
+            [np.sum(weighted[:, i] * values[:, j]) for j in range(len(points))]
+            for i in range(len(points))
+        ]
+    )
+    overlap = 0.5 * (overlap + overlap.T)
+    eigenvalues, eigenvectors = np.linalg.eigh(overlap)
+    scaled = eigenvectors * np.clip(eigenvalues, 1e-12, None) ** -0.5
+    return torch.from_numpy(scaled @ eigenvectors.T)
 
 
 class SoapPowerSpectrum(torch.nn.Module):
@@ -57,7 +68,8 @@ class SoapPowerSpectrum(torch.nn.Module):
         self.cutoff_width = cutoff_width
         self.n_radial = max_radial + 1
         self.max_angular = max_angular
-        self.radial_width = cutoff / max(max_radial, 1)
+        # Gaussians half as wide as their spacing: smooth, yet well conditioned
+        self.radial_width = 0.5 * cutoff / max(max_radial, 1)
         centers = torch.linspace(0.0, cutoff, self.n_radial, dtype=torch.float64)
         self.register_buffer("centers", centers)
         self.register_buffer(

@@ -1,0 +1,271 @@
+"""Several processes give the single-process model: --nproc, torchrun and SLURM srun,
+on a data set whose size is not a multiple of the batch or of the world size, with a
+rare element and a last batch smaller than the number of processes."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import ase.io
+import pytest
+import torch
+
+from conftest import RESOURCES
+from helpers import run_directories, write_options
+
+PYTHON = sys.executable
+TIMEOUT = 240
+
+
+def make_data(directory):
+    frames = ase.io.read(RESOURCES / "ethanol_40.xyz", ":")
+    frames[3].numbers[-1] = 9  # one fluorine: a rare element, absent from most batches
+    ase.io.write(directory / "train.xyz", frames[:26], format="extxyz")
+    ase.io.write(directory / "validation.xyz", frames[26:31], format="extxyz")
+    ase.io.write(directory / "test.xyz", frames[31:35], format="extxyz")
+
+
+def options_for(directory):
+    def dataset(name):
+        return {"systems": str(directory / name)}
+
+    return write_options(
+        directory,
+        directory / "train.xyz",
+        architecture__training__batch_size=5,  # 26 = 5 x 5 + 1: last batch of one
+        architecture__training__num_epochs=3,
+        validation_set=dataset("validation.xyz"),
+        test_set=dataset("test.xyz"),
+    )
+
+
+def environment():
+    clean = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(
+            ("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC")
+        )
+    }
+    clean["PYTHONUNBUFFERED"] = "1"
+    return clean
+
+
+def launch(command, cwd):
+    result = subprocess.run(
+        command, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run,) = run_directories(cwd / "outputs")
+    return run, result
+
+
+def read_csv(run):
+    with (run / "train.csv").open() as stream:
+        return list(csv.DictReader(stream))
+
+
+def assert_same_run(run, reference):
+    expected = torch.load(reference / "last.ckpt", weights_only=True)["model_state"]
+    actual = torch.load(run / "last.ckpt", weights_only=True)["model_state"]
+    for name, value in expected.items():
+        if value.is_floating_point():
+            difference = (actual[name] - value).abs().max()
+            assert difference <= 1e-8 * value.abs().max().clamp_min(1e-12), name
+        else:
+            assert torch.equal(actual[name], value), name
+    expected_rows, actual_rows = read_csv(reference), read_csv(run)
+    assert len(expected_rows) == len(actual_rows)
+    for expected_row, actual_row in zip(expected_rows, actual_rows):
+        for column, value in expected_row.items():
+            assert float(actual_row[column]) == pytest.approx(float(value), rel=1e-8, abs=1e-12), (
+                column
+            )
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("single")
+    make_data(directory)
+    run, _ = launch([PYTHON, "-m", "atomtrain", "train", str(options_for(directory))], directory)
+    return run
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    make_data(tmp_path)
+    return tmp_path
+
+
+def test_nproc_2_equals_single_process(reference, workdir):
+    run, result = launch(
+        [PYTHON, "-m", "atomtrain", "train", str(options_for(workdir)), "--nproc", "2"],
+        workdir,
+    )
+    assert_same_run(run, reference)
+    log = (run / "train.log").read_text()
+    assert "2 processes" in log and "rank 0: host" in log and "rank 1: host" in log
+    assert "metrics of the best model" in result.stdout
+
+
+def test_torchrun_equals_single_process(reference, workdir):
+    torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
+    run, _ = launch(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "atomtrain",
+            "train",
+            str(options_for(workdir)),
+        ],
+        workdir,
+    )
+    assert_same_run(run, reference)
+
+
+def slurm_available() -> bool:
+    if shutil.which("srun") is None:
+        return False
+    try:
+        probe = subprocess.run(["srun", "-N1", "-n1", "true"], capture_output=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return False
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(
+    not slurm_available(), reason="no running SLURM (bash .ci/setup_slurm.sh starts one; CI does)"
+)
+def test_srun_equals_single_process(reference, workdir):
+    run, _ = launch(
+        [
+            "srun",
+            "-N1",
+            "-n2",
+            "--kill-on-bad-exit=1",
+            PYTHON,
+            "-m",
+            "atomtrain",
+            "train",
+            str(options_for(workdir)),
+        ],
+        workdir,
+    )
+    assert_same_run(run, reference)
+    assert "2 processes" in (run / "train.log").read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def slurm_like(rank: int, port: int) -> dict[str, str]:
+    return {
+        **environment(),
+        "SLURM_PROCID": str(rank),
+        "SLURM_NTASKS": "2",
+        "SLURM_LOCALID": str(rank),
+        "SLURM_JOB_NODELIST": "localhost",
+        "MASTER_PORT": str(port),
+    }
+
+
+def test_taken_port_fails_fast_with_one_line(workdir):
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        options = str(options_for(workdir))
+        for command, env in [
+            ([PYTHON, "-m", "atomtrain", "train", options], slurm_like(0, port)),
+            (
+                [
+                    PYTHON,
+                    "-m",
+                    "atomtrain",
+                    "train",
+                    options,
+                    "--nproc",
+                    "2",
+                    "-r",
+                    f"distributed.port={port}",
+                ],
+                environment(),
+            ),
+        ]:
+            start = time.monotonic()
+            result = subprocess.run(
+                command, cwd=workdir, env=env, capture_output=True, text=True, timeout=60
+            )
+            assert time.monotonic() - start < 30
+            assert result.returncode != 0
+            assert result.stderr.strip().splitlines() == [
+                f"atomtrain: port {port} on node {socket.gethostname()} is already in use "
+                "(another job?). Set distributed.port in the options or MASTER_PORT, or "
+                "leave both unset to pick a free one."
+            ]
+
+
+def test_rank_waiting_for_missing_rank_0_exits_with_message(workdir):
+    port = free_port()
+    start = time.monotonic()
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "atomtrain",
+            "train",
+            str(options_for(workdir)),
+            "-r",
+            "distributed.timeout=4",
+        ],
+        cwd=workdir,
+        env=slurm_like(1, port),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.monotonic() - start < 30
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert (
+        f"atomtrain: rank 1 on {socket.gethostname()} could not reach rank 0 at "
+        f"localhost:{port} within 4 s"
+    ) in result.stderr
+
+
+def test_more_processes_than_batch_is_refused_before_starting(workdir):
+    result = subprocess.run(
+        [PYTHON, "-m", "atomtrain", "train", str(options_for(workdir)), "--nproc", "8"],
+        cwd=workdir,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "8 processes but architecture.training.batch_size is 5" in result.stderr
+
+
+def test_nproc_inside_several_slurm_tasks_is_refused(workdir):
+    result = subprocess.run(
+        [PYTHON, "-m", "atomtrain", "train", str(options_for(workdir)), "--nproc", "2"],
+        cwd=workdir,
+        env=slurm_like(0, free_port()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--nproc 2 was given in each of 2 SLURM tasks" in result.stderr

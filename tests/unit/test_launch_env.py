@@ -1,0 +1,106 @@
+"""Launcher detection is a pure function of the environment: plain dicts suffice."""
+
+from __future__ import annotations
+
+import pytest
+
+from atomtrain.distributed.env import detect_launch, slurm_port
+from atomtrain.errors import DistributedError
+
+TORCHRUN = {
+    "RANK": "3",
+    "WORLD_SIZE": "8",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "4",
+    "MASTER_ADDR": "node01",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "abc",
+    "TORCHELASTIC_USE_AGENT_STORE": "True",
+}
+SLURM = {
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "8",
+    "SLURM_LOCALID": "1",
+    "SLURM_JOB_NODELIST": "node[01-04,07]",
+    "SLURM_JOB_ID": "123456",
+    "SLURM_STEP_ID": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
+}
+
+
+def test_single_process_by_default():
+    launch = detect_launch({})
+    assert launch.kind == "single" and launch.world_size == 1 and not launch.is_distributed
+
+
+def test_torchrun():
+    launch = detect_launch(TORCHRUN)
+    assert (launch.kind, launch.rank, launch.world_size, launch.local_rank) == ("torchrun", 3, 8, 1)
+    assert launch.local_world_size == 4
+    assert (launch.master_addr, launch.master_port) == ("node01", 29500)
+    assert launch.agent_store
+
+
+def test_torchrun_wins_inside_a_slurm_allocation():
+    launch = detect_launch({**SLURM, **TORCHRUN})
+    assert launch.kind == "torchrun" and launch.rank == 3
+
+
+def test_slurm_step_with_several_tasks():
+    launch = detect_launch(SLURM)
+    assert (launch.kind, launch.rank, launch.world_size, launch.local_rank) == ("slurm", 5, 8, 1)
+    assert launch.master_addr == "node01"  # first host of the expanded node list
+    assert launch.local_world_size == 2
+    assert launch.master_port == slurm_port(SLURM)
+
+
+def test_slurm_port_differs_between_jobs_and_steps():
+    ports = {
+        slurm_port({"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": str(step)})
+        for job in (1000, 1001, 1002)
+        for step in (0, 1)
+    }
+    assert len(ports) == 6
+    assert all(20000 <= port < 60000 for port in ports)
+
+
+def test_slurm_port_from_options_or_master_port():
+    assert detect_launch(SLURM, port=31000).master_port == 31000
+    assert detect_launch({**SLURM, "MASTER_PORT": "32000"}).master_port == 32000
+    assert detect_launch({**SLURM, "MASTER_PORT": "32000"}, port=31000).master_port == 31000
+
+
+def test_slurm_master_addr_override():
+    assert detect_launch({**SLURM, "MASTER_ADDR": "10.0.0.9"}).master_addr == "10.0.0.9"
+
+
+def test_slurm_step_with_one_task_is_single_process():
+    launch = detect_launch({**SLURM, "SLURM_NTASKS": "1", "SLURM_PROCID": "0"})
+    assert launch.kind == "single"
+
+
+def test_step_task_count_wins_over_job_task_count():
+    # an sbatch job of 8 tasks running a 1-task step is a single process
+    launch = detect_launch({**SLURM, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"})
+    assert launch.kind == "single"
+
+
+def test_nproc_spawns_workers():
+    launch = detect_launch({}, nproc=4)
+    assert launch.kind == "spawn" and launch.world_size == 4
+    assert detect_launch({}, nproc=1).kind == "single"
+
+
+def test_nproc_in_several_slurm_tasks_is_an_error():
+    with pytest.raises(DistributedError, match="--nproc 2 was given in each of 8 SLURM tasks"):
+        detect_launch(SLURM, nproc=2)
+
+
+def test_nproc_under_torchrun_is_an_error():
+    with pytest.raises(DistributedError, match="--nproc cannot be used under torchrun"):
+        detect_launch(TORCHRUN, nproc=2)
+
+
+def test_bad_node_list_is_a_clear_error():
+    with pytest.raises(DistributedError, match="cannot expand SLURM node list"):
+        detect_launch({**SLURM, "SLURM_JOB_NODELIST": "node[01-"})
