@@ -30,6 +30,19 @@ def parser() -> argparse.ArgumentParser:
     return main_parser
 
 
+def _rank() -> int:
+    """This process's rank, for deciding who prints an error all ranks share."""
+    import os
+
+    for name in ("RANK", "SLURM_PROCID"):
+        if name in os.environ:
+            try:
+                return int(os.environ[name])
+            except ValueError:
+                return 0
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
     if arguments.command is None:
@@ -41,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(arguments.run(arguments) or 0)
     except AtomtrainError as error:
         logger.debug("error details", exc_info=True)
-        print(f"atomtrain: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        # an error every rank reached together is printed once, by rank 0
+        if not getattr(error, "collective", False) or _rank() == 0:
+            print(f"atomtrain: {error}", file=sys.stderr)
+        return getattr(error, "exit_code", EXIT_USER_ERROR)
     except KeyboardInterrupt:
         print("atomtrain: interrupted", file=sys.stderr)
         return 130

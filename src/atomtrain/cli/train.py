@@ -10,11 +10,11 @@ import random
 from pathlib import Path
 
 from ..distributed.context import initialize
-from ..distributed.env import detect_launch, hostname
+from ..distributed.env import detect_launch
 from ..distributed.launch import launch_workers
 from ..errors import AtomtrainError
 from ..options import load_options
-from ..training.checkpoint import load_checkpoint
+from ..training.checkpoint import load_checkpoint, newest_complete_checkpoint
 from ..training.loop import Run, train
 from ..training.outputs import (
     LOGGER_NAME,
@@ -23,6 +23,7 @@ from ..training.outputs import (
     newest_run_directory,
     setup_logging,
 )
+from ..training.stopping import TrainingStopped
 from .export import check_output_path
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -66,27 +67,97 @@ def add_parser(commands) -> None:
         default=Path("outputs"),
         help="directory holding the runs (default: outputs)",
     )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="put this run in RUN_DIR instead of outputs/DATE/TIME; with --restart auto, "
+        "or after a torchrun restart, it resumes from RUN_DIR's newest complete checkpoint",
+    )
     parser.set_defaults(run=run)
 
 
-def find_restart(restart: str | None, outputs: Path) -> Path | None:
-    if restart is None:
-        return None
-    if restart == "auto":
-        directory = newest_run_directory(outputs)
-        if directory is None:
+RUN_MARKERS = ".runs"
+
+
+def elastic_restart(environ) -> bool:
+    """A worker group restarted by torchrun --max-restarts after a failure."""
+    return int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+
+
+def resume_point(arguments: argparse.Namespace, environ) -> tuple[Path, Path | None]:
+    """(run directory, checkpoint to resume from). Rank 0 decides; see README's rule.
+
+    * ``--run-dir DIR``: the run lives in DIR; ``--restart auto`` or an elastic restart
+      resumes from its newest complete checkpoint.
+    * ``--restart auto`` alone: the newest run under ``--outputs``.
+    * ``--restart CKPT``: the run holding CKPT continues.
+    * under torchrun without ``--run-dir``: the directory is recorded under
+      ``outputs/.runs/<TORCHELASTIC_RUN_ID>`` so that a restarted group finds it.
+    """
+    outputs: Path = arguments.outputs
+    restarted = elastic_restart(environ)
+    run_id = environ.get("TORCHELASTIC_RUN_ID")
+    marker = outputs / RUN_MARKERS / run_id if run_id else None
+    directory: Path | None = arguments.run_dir
+    if directory is None and restarted and marker is not None and marker.is_file():
+        directory = Path(marker.read_text().strip())
+    if arguments.restart not in (None, "auto"):
+        checkpoint = Path(arguments.restart)
+        if not checkpoint.is_file():
+            raise AtomtrainError(f"{checkpoint}: checkpoint not found")
+        return (directory or checkpoint.resolve().parent), checkpoint
+    if directory is not None:
+        directory = directory.resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        found = newest_complete_checkpoint(directory)
+        if arguments.restart == "auto" or restarted:
+            if found is None and arguments.restart == "auto":
+                raise AtomtrainError(
+                    f"--restart auto: no complete checkpoint in {directory}; start a new "
+                    "run without --restart"
+                )
+            return directory, found[0] if found else None
+        if found is not None:
+            raise AtomtrainError(
+                f"{directory} already holds a run; add --restart auto to continue it, or "
+                "choose another --run-dir"
+            )
+        return directory, None
+    if arguments.restart == "auto":
+        previous = newest_run_directory(outputs)
+        found = newest_complete_checkpoint(previous) if previous else None
+        if found is None:
             raise AtomtrainError(
                 f"--restart auto: no earlier run with a checkpoint under {outputs}/; "
                 "start a new run without --restart"
             )
-        return directory / "last.ckpt"
-    return Path(restart)
+        return previous, found[0]
+    directory = new_run_directory(outputs).resolve()
+    if marker is not None:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(directory))
+    return directory, None
 
 
-def choose_run_directory(restart_checkpoint: Path | None, outputs: Path) -> Path:
-    if restart_checkpoint is not None:
-        return restart_checkpoint.resolve().parent
-    return new_run_directory(outputs).resolve()
+def decide_on_rank_0(context, decide):
+    """Run ``decide`` on rank 0 and give every rank its result, or its error."""
+    outcome: tuple[str, object] = ("ok", None)
+    if context.is_main:
+        try:
+            outcome = ("ok", decide())
+        except AtomtrainError as error:
+            outcome = ("error", str(error))
+    kind, value = context.broadcast_object(outcome)
+    if kind == "error":
+        raise AgreedError(str(value))
+    return value
+
+
+class AgreedError(AtomtrainError):
+    """Raised on every rank from rank 0's decision; rank 0 prints it."""
+
+    collective = True
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -108,37 +179,52 @@ def run(arguments: argparse.Namespace) -> int:
             options.distributed.port,
             options.distributed.timeout,
         )
-    restart_checkpoint = find_restart(arguments.restart, arguments.outputs)
-    restart_state = load_checkpoint(restart_checkpoint) if restart_checkpoint else None
     if launch.rank != 0:
         setup_logging(launch.rank, None)
     context = initialize(launch, options.device, options.distributed.timeout)
+    failed = False
     try:
-        directory = None
+        with context.guard():
+            directory, checkpoint = decide_on_rank_0(
+                context, lambda: resume_point(arguments, os.environ)
+            )
         if context.is_main:
-            directory = choose_run_directory(restart_checkpoint, arguments.outputs)
             setup_logging(0, directory / "train.log")
-        directory = context.broadcast_object(directory)
+        restart_state = load_checkpoint(checkpoint) if checkpoint is not None else None
         seed = options.seed
         if restart_state is not None:
             seed = int(restart_state["seed"])
-        if seed is None:
-            seed = context.broadcast_object(random.SystemRandom().randrange(2**31))
-        logger.info(f"atomtrain train {arguments.options} -> {directory}")
-        logger.info(f"seed {seed}")
-        log_rank_map(context)
+        with context.guard():
+            if seed is None:
+                seed = context.broadcast_object(random.SystemRandom().randrange(2**31))
+            logger.info(f"atomtrain train {arguments.options} -> {directory}")
+            if checkpoint is not None:
+                logger.info(f"resuming from {checkpoint}")
+            logger.info(f"seed {seed}")
+            log_rank_map(context)
         run_state = Run(
             directory=directory, restart_state=restart_state, output_path=arguments.output
         )
         train(options, context, run_state, seed)
         return 0
+    except TrainingStopped:
+        raise
+    except BaseException as error:
+        failed = True
+        logger.debug("stopping on error", exc_info=True)
+        context.fail(error)
+        raise
     finally:
-        context.close()
+        if not failed:
+            try:
+                context.close()
+            except Exception:
+                logger.debug("error while leaving the process group", exc_info=True)
         close_logging()
 
 
 def log_rank_map(context) -> None:
-    entries = context.all_gather_objects((context.rank, hostname(), str(context.device)))
+    entries = context.gather_hosts()
     if context.is_distributed:
         lines = [f"  rank {rank}: host {host}, device {device}" for rank, host, device in entries]
         logger.info(f"{context.world_size} processes ({context.master}):\n" + "\n".join(lines))

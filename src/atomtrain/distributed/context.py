@@ -11,7 +11,8 @@ import errno
 import os
 import socket
 import warnings
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,6 +20,13 @@ import torch.distributed as dist
 
 from ..errors import DistributedError
 from .env import LaunchInfo, hostname
+from .faults import (
+    PeerFailure,
+    announce_failure,
+    diagnose,
+    is_communication_error,
+    wait_for_acknowledgements,
+)
 
 
 @dataclass
@@ -31,6 +39,8 @@ class Context:
     local_world_size: int = 1
     device: torch.device = torch.device("cpu")
     master: str = ""
+    timeout: float = 300.0
+    hosts: list[str] = field(default_factory=list)  # host of each rank
 
     @property
     def is_main(self) -> bool:
@@ -44,6 +54,12 @@ class Context:
         """Sum over ranks (in place and returned)."""
         if self.is_distributed:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Element-wise maximum over ranks (in place and returned)."""
+        if self.is_distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return tensor
 
     def broadcast_object(self, value: Any) -> Any:
@@ -75,11 +91,48 @@ class Context:
         warnings.filterwarnings("ignore", message="Grad strides do not match bucket view")
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
+    def gather_hosts(self) -> list[tuple[int, str, str]]:
+        """(rank, host, device) of every rank, kept to name a rank that is lost."""
+        entries = self.all_gather_objects((self.rank, hostname(), str(self.device)))
+        self.hosts = [host for _, host, _ in entries]
+        return entries
+
+    @contextmanager
+    def guard(self):
+        """Turn a collective that fails because a peer is gone into a one-line
+        PeerFailure naming that peer, instead of a backend traceback."""
+        try:
+            yield
+        except Exception as error:
+            if not self.is_distributed or not is_communication_error(error):
+                raise
+            raise diagnose(
+                self.rank, self.world_size, self.hosts, self.master, self.timeout, error
+            ) from error
+
+    def fail(self, error: BaseException) -> None:
+        """This rank stops because of ``error``: tell the others (unless they already
+        know), and leave the process group without waiting for them."""
+        if not self.is_distributed or not dist.is_initialized():
+            return
+        store = None
+        if not isinstance(error, PeerFailure) and not getattr(error, "collective", False):
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            store = announce_failure(self.rank, hostname(), message, self.timeout)
+        try:
+            # closes this rank's connections: the others' collectives fail at once
+            dist.destroy_process_group()
+        except Exception:
+            pass
+        if store is not None and self.rank == 0:
+            wait_for_acknowledgements(store, self.rank, self.world_size)
+
     def close(self) -> None:
         """Leave together: a rank that tears down while others still talk aborts them."""
         if self.is_distributed and dist.is_initialized():
             try:
-                dist.barrier()
+                with self.guard():
+                    dist.barrier()
             finally:
                 dist.destroy_process_group()
 
@@ -176,4 +229,5 @@ def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Conte
         local_world_size=launch.local_world_size,
         device=device,
         master=address,
+        timeout=timeout,
     )

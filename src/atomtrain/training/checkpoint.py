@@ -16,7 +16,27 @@ FORMAT = "atomtrain-checkpoint-1"
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    atomic_write(path, lambda temporary: torch.save({"format": FORMAT, **state}, temporary))
+    """Write atomically: a crash mid-write never leaves a corrupt ``path``."""
+    try:
+        atomic_write(path, lambda temporary: torch.save({"format": FORMAT, **state}, temporary))
+    except OSError as error:
+        raise AtomtrainError(
+            f"{path}: cannot write checkpoint ({error.strerror or error}); check free disk "
+            "space and permissions"
+        ) from error
+
+
+def newest_complete_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The most recently written checkpoint of a run that loads completely (last.ckpt
+    or epoch_N.ckpt), with its contents; None when there is none."""
+    candidates = [directory / "last.ckpt", *directory.glob("epoch_*.ckpt")]
+    existing = [path for path in candidates if path.is_file()]
+    for path in sorted(existing, key=lambda path: path.stat().st_mtime_ns, reverse=True):
+        try:
+            return path, load_checkpoint(path)
+        except AtomtrainError:
+            continue
+    return None
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

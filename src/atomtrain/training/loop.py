@@ -34,6 +34,7 @@ from .losses import GlobalCounts, batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize
 from .outputs import LOGGER_NAME, append_csv, plot_learning_curves, write_run_record
 from .schedule import make_scheduler
+from .stopping import NonFiniteLoss, ParametersDiverged, StopRequest, TrainingStopped
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -196,6 +197,10 @@ class Trainer:
             self.training_options.warmup_fraction,
         )
         self.start_epoch = 0
+        self.start_step = 0
+        self.resumed_sums: torch.Tensor | None = None
+        self.global_step = 0
+        self.stop = StopRequest()
         self.best_metric = math.inf
         self.best_epoch = -1
         self.best_state = copy.deepcopy(self.model.state_dict())
@@ -203,10 +208,15 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer_state"])
             self.scheduler.load_state_dict(state["scheduler_state"])
             self.start_epoch = int(state["epoch"])
+            self.start_step = int(state.get("step", 0))
+            if self.start_step and context.is_main:
+                self.resumed_sums = state["epoch_sums"].to(context.device)
+            self.global_step = self.start_epoch * self.steps_per_epoch + self.start_step
             self.best_metric = float(state["best_metric"])
             self.best_epoch = int(state["best_epoch"])
             self.best_state = state["best_model_state"]
-            logger.info(f"resuming after epoch {self.start_epoch}")
+            where = f", step {self.start_step}" if self.start_step else ""
+            logger.info(f"resuming after epoch {self.start_epoch}{where}")
         n_parameters = sum(parameter.numel() for parameter in self.model.parameters())
         logger.info(
             f"model: SOAP-BPNN, {self.model.soap.n_features} features, "
@@ -214,17 +224,27 @@ class Trainer:
         )
 
     # one epoch ---------------------------------------------------------------------
-    def train_epoch(self, epoch: int) -> torch.Tensor:
+    def train_epoch(self, epoch: int, start_step: int = 0) -> torch.Tensor:
+        """One pass over the training set from global step ``start_step`` of the epoch;
+        returns this rank's metric sums."""
         context = self.context
         training = self.datasets.training
         sums = MetricSums(context.device)
+        if start_step and self.resumed_sums is not None:
+            sums.values += self.resumed_sums
         batches = global_batches(
             epoch_order(len(training), self.seed, epoch), self.training_options.batch_size
         )
         show_bar = context.is_main and sys.stderr.isatty()
-        for global_batch in tqdm.tqdm(
-            batches, desc=f"epoch {epoch + 1}", leave=False, disable=not show_bar
-        ):
+        progress = tqdm.tqdm(
+            total=len(batches),
+            initial=start_step,
+            desc=f"epoch {epoch + 1}",
+            leave=False,
+            disable=not show_bar,
+        )
+        for step in range(start_step, len(batches)):
+            global_batch = batches[step]
             counts = global_counts(training, global_batch)
             local = [
                 training[index] for index in shard(global_batch, context.rank, context.world_size)
@@ -241,10 +261,54 @@ class Trainer:
             # DDP averages gradients over ranks; the loss is already a share of the
             # global-batch loss, so scale it back to make the average a sum.
             (loss * context.world_size).backward()
+            stop, non_finite = self.step_status(loss)
+            if non_finite:
+                raise NonFiniteLoss(
+                    f"the loss became NaN or infinite at epoch {epoch + 1}, step {step + 1}; "
+                    "lower architecture.training.learning_rate or look for outliers in "
+                    "the data"
+                )
             self.optimizer.step()
             self.scheduler.step()
+            self.global_step += 1
             sums.accumulate(predictions, batch, loss)
+            progress.update()
+            every = self.options.distributed.check_consistency_every
+            if every and self.global_step % every == 0:
+                self.check_consistency()
+            if stop:
+                progress.close()
+                self.stop_here(epoch, step + 1, sums)
+        progress.close()
         return sums.values
+
+    def step_status(self, loss: torch.Tensor) -> tuple[bool, bool]:
+        """(a rank was asked to stop, a rank's loss is not finite), agreed by all."""
+        status = torch.stack(
+            [
+                torch.tensor(float(self.stop.requested), dtype=torch.float64, device=loss.device),
+                (~torch.isfinite(loss.detach())).to(torch.float64),
+            ]
+        )
+        stop, non_finite = self.context.all_reduce_sum(status).tolist()
+        return stop > 0, non_finite > 0
+
+    def stop_here(self, epoch: int, step: int, sums: MetricSums) -> None:
+        """Write a step checkpoint (rank 0) and stop every rank."""
+        reduced = self.context.all_reduce_sum(sums.values.clone())
+        path = self.run.directory / "last.ckpt"
+        if self.context.is_main:
+            save_checkpoint(path, self.checkpoint_state(epoch, step, reduced))
+        self.context.barrier()
+        name = self.stop.signal_name or "a signal to another rank"
+        raise TrainingStopped(
+            f"training stopped by {name} at epoch {epoch + 1}, step {step}; checkpoint "
+            f"written to {path}. Resume with: atomtrain train OPTIONS --restart auto "
+            f"(or --restart {path})"
+        )
+
+    def check_consistency(self) -> None:
+        check_same_parameters(self.context, self.model, self.global_step)
 
     def evaluate(self, structures: list[Structure]) -> torch.Tensor:
         return metric_sums(
@@ -255,8 +319,12 @@ class Trainer:
             self.dtype,
         )
 
-    def checkpoint_state(self, epoch: int) -> dict[str, Any]:
-        return {
+    def checkpoint_state(
+        self, epoch: int, step: int = 0, epoch_sums: torch.Tensor | None = None
+    ) -> dict[str, Any]:
+        """Everything needed to continue: ``epoch`` full epochs and ``step`` global
+        steps of the next one are done; ``epoch_sums`` are that epoch's metric sums."""
+        state: dict[str, Any] = {
             "architecture": ARCHITECTURE_NAME,
             "hypers": self.model.hypers,
             "dtype": str(self.dtype).removeprefix("torch."),
@@ -269,16 +337,30 @@ class Trainer:
             "best_epoch": self.best_epoch,
             "best_model_state": {k: v.detach().cpu() for k, v in self.best_state.items()},
             "options": expanded(self.options),
+            "step": step,
         }
+        if epoch_sums is not None:
+            state["epoch_sums"] = epoch_sums.detach().cpu()
+        return state
 
     # the whole run -----------------------------------------------------------------
     def fit(self) -> dict[str, dict[str, float]]:
         options = self.training_options
         context = self.context
-        directory = self.run.directory
         epoch_time = time.perf_counter()
+        self.stop.install()
+        try:
+            with context.guard():
+                return self.epochs(options, epoch_time)
+        finally:
+            self.stop.uninstall()
+
+    def epochs(self, options, epoch_time: float) -> dict[str, dict[str, float]]:
+        context = self.context
+        directory = self.run.directory
         for epoch in range(self.start_epoch, options.num_epochs):
-            train_values = self.train_epoch(epoch)
+            start_step = self.start_step if epoch == self.start_epoch else 0
+            train_values = self.train_epoch(epoch, start_step)
             completed = epoch + 1
             if completed % options.log_interval == 0 or completed == options.num_epochs:
                 validation_values = self.evaluate(self.datasets.validation)
@@ -353,6 +435,20 @@ class Trainer:
             if (directory / "train.csv").exists():
                 plot_learning_curves(directory / "train.csv", directory / "learning_curves.png")
         return results
+
+
+def check_same_parameters(context: Context, model: torch.nn.Module, step: int) -> None:
+    """All ranks must hold bitwise identical parameters; compare two checksums."""
+    flat = torch.cat([p.detach().reshape(-1).to(torch.float64) for p in model.parameters()])
+    weights = torch.arange(flat.numel(), device=flat.device, dtype=torch.float64) % 97 + 1
+    checksum = torch.stack([flat.sum(), (flat * weights).sum()])
+    spread = context.all_reduce_max(torch.cat([checksum, -checksum]))
+    if not torch.equal(spread[:2], -spread[2:]):
+        raise ParametersDiverged(
+            f"parameters differ between ranks at step {step} (checksums range from "
+            f"{float(-spread[2]):.17g} to {float(spread[0]):.17g}); this is a bug or a "
+            "faulty device: please report it"
+        )
 
 
 def metrics_table(results: dict[str, dict[str, float]]) -> str:

@@ -1,0 +1,61 @@
+"""Stopping together: signals from the scheduler, non-finite losses. Each step all ranks
+reduce one small status tensor, so they all take the same decision at the same step."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from ..errors import AtomtrainError
+
+# exit code of a run stopped by SIGTERM/SIGUSR1 after writing its checkpoint
+EXIT_STOPPED = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """Remembers a SIGTERM or SIGUSR1 (sent by SLURM before it kills a job, e.g. with
+    ``--signal=USR1@120``) until the next step boundary."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self.previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for number in STOP_SIGNALS:
+            self.previous[number] = signal.signal(number, self._handle)
+
+    def uninstall(self) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)  # type: ignore[arg-type]
+        self.previous.clear()
+
+    def _handle(self, number: int, frame) -> None:
+        self.signal_name = signal.Signals(number).name
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+
+class CollectiveError(AtomtrainError):
+    """An error every rank raises at the same step, from reduced values: only rank 0
+    needs to print it."""
+
+    collective = True
+
+
+class TrainingStopped(CollectiveError):
+    """Stopped by a signal after writing a step checkpoint."""
+
+    exit_code = EXIT_STOPPED
+
+
+class NonFiniteLoss(CollectiveError):
+    """The loss became NaN or infinite."""
+
+
+class ParametersDiverged(CollectiveError):
+    """Ranks hold different parameters (distributed.check_consistency_every)."""
