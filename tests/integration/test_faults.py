@@ -1,0 +1,339 @@
+"""Faults: preemption signals, resuming mid-epoch (also with another number of
+processes), killed ranks, an error on one rank, elastic restarts, corrupt checkpoints."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import RESOURCES
+from helpers import write_options
+
+PYTHON = sys.executable
+ETHANOL = RESOURCES / "ethanol_40.xyz"
+EPOCHS = 12
+
+
+def environment(**extra):
+    clean = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(
+            ("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC")
+        )
+    }
+    return {**clean, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def options_in(directory, **changes):
+    return write_options(
+        directory,
+        ETHANOL,
+        architecture__training__batch_size=4,
+        architecture__training__num_epochs=EPOCHS,
+        architecture__training__checkpoint_interval=1,
+        **changes,
+    )
+
+
+def train_command(options, run_dir, *extra):
+    return [
+        PYTHON,
+        "-m",
+        "atomtrain",
+        "train",
+        str(options),
+        "--run-dir",
+        str(run_dir),
+        *map(str, extra),
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def start_ranks(command, world_size=2, **extra):
+    """Start one process per rank, as srun would (SLURM variables, no srun needed)."""
+    port = free_port()
+    processes = []
+    for rank in range(world_size):
+        env = environment(
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS=str(world_size),
+            SLURM_LOCALID=str(rank),
+            SLURM_JOB_NODELIST="localhost",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            **extra,
+        )
+        processes.append(
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    return processes
+
+
+def wait_for_epochs(run_dir: Path, epochs: int, processes, limit=120.0):
+    """Wait until train.csv has ``epochs`` rows (training is under way)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        csv_file = run_dir / "train.csv"
+        if csv_file.exists() and len(csv_file.read_text().splitlines()) > epochs:
+            return
+        if any(process.poll() is not None for process in processes):
+            outputs = [process.communicate() for process in processes]
+            pytest.fail(f"training ended early: {outputs}")
+        time.sleep(0.02)
+    pytest.fail("training did not start in time")
+
+
+def finish(processes, limit=120):
+    results = []
+    for process in processes:
+        try:
+            out, err = process.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+            pytest.fail(f"process {process.pid} did not exit: {err[-2000:]}")
+        results.append((process.returncode, out, err))
+    return results
+
+
+def final_state(run_dir: Path):
+    state = torch.load(run_dir / "last.ckpt", weights_only=True)
+    assert state["epoch"] == EPOCHS and state["step"] == 0
+    return state["model_state"]
+
+
+def assert_same_model(actual, expected):
+    for name, value in expected.items():
+        if value.is_floating_point():
+            difference = (actual[name] - value).abs().max()
+            assert difference <= 1e-8 * value.abs().max().clamp_min(1e-12), name
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted single-process run."""
+    directory = tmp_path_factory.mktemp("reference")
+    run_dir = directory / "run"
+    result = subprocess.run(
+        train_command(options_in(directory), run_dir),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return final_state(run_dir)
+
+
+def test_signal_on_one_rank_stops_both_and_resume_with_one_process(tmp_path, reference):
+    options = options_in(tmp_path, distributed__check_consistency_every=3)
+    run_dir = tmp_path / "run"
+    processes = start_ranks(train_command(options, run_dir))
+    wait_for_epochs(run_dir, 1, processes)
+    processes[1].send_signal(signal.SIGUSR1)
+    results = finish(processes)
+    assert [code for code, _, _ in results] == [75, 75], results
+    message = results[0][2]
+    assert "training stopped by SIGUSR1" not in message  # rank 0 got no signal itself
+    assert "training stopped by a signal to another rank" in message
+    assert "--restart auto" in message
+    assert results[1][2].strip() == ""  # said once, by rank 0
+    stopped = torch.load(run_dir / "last.ckpt", weights_only=True)
+    assert stopped["epoch"] < EPOCHS
+    # resume with a single process: the same model as the uninterrupted run
+    resumed = subprocess.run(
+        train_command(options, run_dir, "--restart", "auto"),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_model(final_state(run_dir), reference)
+
+
+def test_sigterm_on_single_process_then_resume_with_two(tmp_path, reference):
+    options = options_in(tmp_path)
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        train_command(options, run_dir),
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_epochs(run_dir, 2, [process])
+    process.send_signal(signal.SIGTERM)
+    ((code, _, error),) = finish([process])
+    assert code == 75 and "training stopped by SIGTERM" in error
+    state = torch.load(run_dir / "last.ckpt", weights_only=True)
+    assert (state["epoch"], state["step"]) != (EPOCHS, 0)
+    results = finish(start_ranks(train_command(options, run_dir, "--restart", "auto")))
+    assert all(code == 0 for code, _, _ in results), results
+    assert_same_model(final_state(run_dir), reference)
+
+
+def test_killed_rank_stops_the_others_with_a_message(tmp_path):
+    options = options_in(tmp_path, distributed__timeout=5)
+    run_dir = tmp_path / "run"
+    processes = start_ranks(train_command(options, run_dir))
+    wait_for_epochs(run_dir, 1, processes)
+    processes[1].kill()
+    start = time.monotonic()
+    code, _, error = finish(processes[:1], limit=60)[0]
+    assert time.monotonic() - start < 30
+    assert code == 3
+    assert f"lost rank 1 on {socket.gethostname()}" in error
+    assert "Traceback" not in error
+    assert processes[1].wait(5) == -signal.SIGKILL
+    torch.load(run_dir / "last.ckpt", weights_only=True)  # intact
+
+
+def test_error_on_one_rank_stops_all_promptly_and_is_shown_once(tmp_path):
+    options = options_in(tmp_path, distributed__timeout=120)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "epoch_2.ckpt").mkdir()  # rank 0 cannot write this checkpoint
+    processes = start_ranks(train_command(options, run_dir))
+    start = time.monotonic()
+    results = finish(processes, limit=100)
+    assert time.monotonic() - start < 60  # far less than the 120 s timeout
+    (code0, _, error0), (code1, _, error1) = results
+    assert code0 != 0 and code1 != 0
+    assert error0.count("cannot write checkpoint") == 1 and "epoch_2.ckpt" in error0
+    assert "cannot write checkpoint" not in error1
+    assert "stopping because rank 0" in error1 and "failed" in error1
+
+
+def test_non_finite_loss_stops_all_ranks_with_one_message(tmp_path):
+    options = options_in(
+        tmp_path,
+        architecture__training__learning_rate=1e200,
+        architecture__training__warmup_fraction=0.0,
+    )
+    results = finish(start_ranks(train_command(options, tmp_path / "run")), limit=100)
+    (code0, _, error0), (code1, _, error1) = results
+    assert code0 == code1 == 2
+    assert "the loss became NaN or infinite" in error0
+    assert error1.strip() == ""
+
+
+def worker_pids(marker: str) -> dict[int, int]:
+    """rank -> pid of the atomtrain workers whose command line contains ``marker``."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in command and b"atomtrain" in command:
+            for item in environ:
+                if item.startswith(b"RANK="):
+                    found[int(item[5:])] = int(entry.name)
+    return found
+
+
+def test_torchrun_restart_resumes_from_the_newest_checkpoint(tmp_path, reference):
+    torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
+    options = options_in(tmp_path)
+    run_dir = tmp_path / "elastic-run"
+    launcher = subprocess.Popen(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "-m",
+            "atomtrain",
+            "train",
+            str(options),
+            "--run-dir",
+            str(run_dir),
+        ],
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_epochs(run_dir, 2, [launcher])
+    workers = worker_pids(str(run_dir))
+    assert set(workers) == {0, 1}
+    os.kill(workers[1], signal.SIGKILL)
+    ((code, _, error),) = finish([launcher], limit=240)
+    assert code == 0, error[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert "resuming from" in log
+    assert_same_model(final_state(run_dir), reference)
+
+
+def test_newest_complete_checkpoint_skips_a_corrupt_one(tmp_path):
+    from atomtrain.training.checkpoint import newest_complete_checkpoint, save_checkpoint
+
+    save_checkpoint(tmp_path / "epoch_1.ckpt", {"architecture": "soap_bpnn", "epoch": 1})
+    time.sleep(0.01)
+    (tmp_path / "last.ckpt").write_bytes(b"half a checkpoint")
+    path, state = newest_complete_checkpoint(tmp_path)
+    assert path.name == "epoch_1.ckpt" and state["epoch"] == 1
+
+
+def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
+    from atomtrain.io import atomic_write
+
+    target = tmp_path / "last.ckpt"
+    target.write_text("good")
+
+    def crash(path):
+        path.write_text("partial")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(target, crash)
+    assert target.read_text() == "good"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_killing_a_run_while_it_checkpoints_leaves_loadable_checkpoints(tmp_path):
+    options = options_in(tmp_path)
+    run_dir = tmp_path / "run"
+    for delay in (0.3, 0.7):
+        process = subprocess.Popen(
+            train_command(
+                options,
+                run_dir,
+                *(["--restart", "auto"] if (run_dir / "last.ckpt").exists() else []),
+            ),
+            env=environment(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_epochs(run_dir, 1, [process]) if delay == 0.3 else time.sleep(delay)
+        time.sleep(delay)
+        process.kill()
+        process.wait()
+    for checkpoint in run_dir.glob("*.ckpt"):
+        torch.load(checkpoint, weights_only=True)
+    from atomtrain.training.checkpoint import newest_complete_checkpoint
+
+    assert newest_complete_checkpoint(run_dir) is not None
