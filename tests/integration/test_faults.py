@@ -35,14 +35,13 @@ def environment(**extra):
 
 
 def options_in(directory, **changes):
-    return write_options(
-        directory,
-        ETHANOL,
-        architecture__training__batch_size=4,
-        architecture__training__num_epochs=EPOCHS,
-        architecture__training__checkpoint_interval=1,
+    settings = {
+        "architecture__training__batch_size": 4,
+        "architecture__training__num_epochs": EPOCHS,
+        "architecture__training__checkpoint_interval": 1,
         **changes,
-    )
+    }
+    return write_options(directory, ETHANOL, **settings)
 
 
 def train_command(options, run_dir, *extra):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from .. import __version__
+from ..distributed.faults import PeerFailure
 from ..errors import AtomtrainError
 from ..training.outputs import LOGGER_NAME
 from . import eval as eval_command
@@ -32,8 +34,6 @@ def parser() -> argparse.ArgumentParser:
 
 def _rank() -> int:
     """This process's rank, for deciding who prints an error all ranks share."""
-    import os
-
     for name in ("RANK", "SLURM_PROCID"):
         if name in os.environ:
             try:
@@ -57,7 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         # an error every rank reached together is printed once, by rank 0
         if not getattr(error, "collective", False) or _rank() == 0:
             print(f"atomtrain: {error}", file=sys.stderr)
-        return getattr(error, "exit_code", EXIT_USER_ERROR)
+        code = getattr(error, "exit_code", EXIT_USER_ERROR)
+        if isinstance(error, PeerFailure) and argv is None:
+            # a lost peer can leave threads blocked on dead sockets: do not wait for them
+            sys.stdout.flush()
+            sys.stderr.flush()
+            import logging as _logging
+
+            _logging.shutdown()
+            os._exit(code)
+        return code
     except KeyboardInterrupt:
         print("atomtrain: interrupted", file=sys.stderr)
         return 130
@@ -73,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
             f"atomtrain: unexpected error: {type(error).__name__}: {error} ({where})",
             file=sys.stderr,
         )
-        import os
-
         if os.environ.get("ATOMTRAIN_DEBUG"):
             raise
         return EXIT_INTERNAL_ERROR

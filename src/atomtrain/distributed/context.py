@@ -92,8 +92,13 @@ class Context:
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
     def gather_hosts(self) -> list[tuple[int, str, str]]:
-        """(rank, host, device) of every rank, kept to name a rank that is lost."""
-        entries = self.all_gather_objects((self.rank, hostname(), str(self.device)))
+        """(rank, host, device) of every rank, kept to name a rank that is lost. The host
+        carries the address the rank reaches rank 0 from, when that is not loopback."""
+        label = hostname()
+        address = local_address(self.master.rsplit(":", 1)[0]) if self.master else None
+        if address and not address.startswith("127."):
+            label = f"{label} ({address})"
+        entries = self.all_gather_objects((self.rank, label, str(self.device)))
         self.hosts = [host for _, host, _ in entries]
         return entries
 
@@ -135,6 +140,50 @@ class Context:
                     dist.barrier()
             finally:
                 dist.destroy_process_group()
+
+
+def local_address(remote_host: str) -> str | None:
+    """The local IP address used to reach ``remote_host`` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((remote_host, 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
+
+
+def interface_of(address: str) -> str | None:
+    """Name of the network interface that holds ``address`` (Linux), else None."""
+    try:
+        import fcntl
+        import struct
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            for _, name in socket.if_nameindex():
+                request = struct.pack("256s", name.encode()[:15])
+                try:
+                    reply = fcntl.ioctl(probe.fileno(), 0x8915, request)  # SIOCGIFADDR
+                except OSError:
+                    continue
+                if socket.inet_ntoa(reply[20:24]) == address:
+                    return name
+    except (ImportError, OSError):
+        return None
+    return None
+
+
+def choose_gloo_interface(master_addr: str) -> None:
+    """gloo connects ranks through the address of this host's name, which may not be
+    the network that reaches rank 0; use the interface that routes to rank 0 instead
+    (GLOO_SOCKET_IFNAME set by the user wins)."""
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    address = local_address(master_addr)
+    if address is None or address.startswith("127."):
+        return
+    name = interface_of(address)
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 def single_process(device: torch.device) -> Context:
@@ -192,6 +241,8 @@ def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Conte
     if not launch.is_distributed:
         return single_process(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "gloo":
+        choose_gloo_interface(launch.master_addr)
     port = launch.master_port
     address = f"{launch.master_addr}:{port}"
     deadline = datetime.timedelta(seconds=timeout)

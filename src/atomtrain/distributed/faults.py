@@ -4,6 +4,7 @@ line, and leave without waiting for collectives that will never complete."""
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 
 import torch.distributed as dist
@@ -87,7 +88,30 @@ def wait_for_acknowledgements(store, rank: int, world_size: int) -> None:
 def diagnose(
     rank: int, world_size: int, hosts: list[str], master: str, timeout: float, error: BaseException
 ) -> PeerFailure:
-    """Which rank was lost, as far as the store can tell, as a one-line error."""
+    """Which rank was lost, as far as the store can tell, as a one-line error.
+
+    The store's client can block without end when the network is down (its requests
+    get no answer), so the roll call runs in a helper thread with a deadline.
+    """
+    outcome: list[PeerFailure] = []
+    helper = threading.Thread(
+        target=lambda: outcome.append(_roll_call(rank, world_size, hosts, master, timeout, error)),
+        daemon=True,
+    )
+    helper.start()
+    helper.join(2 * min(timeout, ROLL_CALL_SECONDS) + 1.0)
+    if outcome:
+        return outcome[0]
+    host = hosts[0] if hosts else "unknown host"
+    return PeerFailure(
+        f"rank {rank} lost contact with rank 0 on {host} ({master}, which hosts the "
+        "rendezvous): that process died or the network to it is down"
+    )
+
+
+def _roll_call(
+    rank: int, world_size: int, hosts: list[str], master: str, timeout: float, error: BaseException
+) -> PeerFailure:
     store = _store()
     wait = min(timeout, ROLL_CALL_SECONDS)
 
@@ -113,7 +137,7 @@ def diagnose(
                 other for other in range(world_size) if not store.check([f"{ALIVE_PREFIX}{other}"])
             ]
             if store.check([FAILED_KEY]):
-                return diagnose(rank, world_size, hosts, master, timeout, error)
+                return _roll_call(rank, world_size, hosts, master, timeout, error)
             if not missing:
                 break
             time.sleep(0.2)

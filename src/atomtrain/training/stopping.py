@@ -3,6 +3,7 @@ reduce one small status tensor, so they all take the same decision at the same s
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -33,6 +34,11 @@ class StopRequest:
         self.previous.clear()
 
     def _handle(self, number: int, frame) -> None:
+        if self.signal_name is not None:
+            # asked twice: the run may be stuck (e.g. waiting on a dead peer); obey now
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)
+            return
         self.signal_name = signal.Signals(number).name
 
     @property
