@@ -248,7 +248,23 @@ def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Conte
     deadline = datetime.timedelta(seconds=timeout)
     try:
         if launch.agent_store:
-            dist.init_process_group(backend, timeout=deadline)
+            # the agent's store outlives a restarted worker group: give each attempt its
+            # own key space, so no rank reads an address left by a dead predecessor
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            agent_store = dist.TCPStore(
+                launch.master_addr,
+                int(port),
+                launch.world_size,
+                is_master=False,
+                timeout=deadline,
+            )
+            dist.init_process_group(
+                backend,
+                store=dist.PrefixStore(f"/atomtrain/attempt_{attempt}", agent_store),
+                rank=launch.rank,
+                world_size=launch.world_size,
+                timeout=deadline,
+            )
         else:
             if launch.rank == 0:
                 check_port_free(hostname(), int(port))  # type: ignore[arg-type]
