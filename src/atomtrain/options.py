@@ -94,7 +94,21 @@ class TrainingOptions(Strict):
     baseline, so the networks learn numbers of order one."""
     atomic_baseline: dict[int, float] = {}
     """Fixed per-element energies in eV ({atomic number: energy}); elements not
-    listed are fitted by least squares on the training set."""
+    listed are fitted by least squares on the training set. metatrain's form keyed by
+    target ({energy: {1: -13.6}}) is accepted too."""
+
+    @field_validator("atomic_baseline", mode="before")
+    @classmethod
+    def _baseline_by_target(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "energy" in value:
+            energy = value["energy"]
+            if not isinstance(energy, dict):
+                raise ValueError(
+                    "a single baseline for all elements is not supported; give "
+                    "{atomic number: energy}"
+                )
+            return energy
+        return value
 
     @field_validator("loss", mode="after")
     @classmethod
