@@ -172,6 +172,8 @@ def evaluate(tool: str, mtt: Path, directory: Path, data: Path, threads: int) ->
                 "eval",
                 str(model),
                 eval_options.name,
+                "-e",
+                "extensions",
                 "-o",
                 f"mtt_{path.stem}.xyz",
                 "-b",
