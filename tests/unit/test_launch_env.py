@@ -104,3 +104,23 @@ def test_nproc_under_torchrun_is_an_error():
 def test_bad_node_list_is_a_clear_error():
     with pytest.raises(DistributedError, match="cannot expand SLURM node list"):
         detect_launch({**SLURM, "SLURM_JOB_NODELIST": "node[01-"})
+
+
+def test_cpu_threads_are_shared_among_local_processes():
+    import subprocess
+    import sys
+
+    script = (
+        "import os, torch\n"
+        "from atomtrain.distributed.context import set_threads\n"
+        "set_threads(2)\n"
+        "cores = len(os.sched_getaffinity(0))\n"
+        "print(torch.get_num_threads() == max(1, cores // 2))\n"
+    )
+    env = {
+        key: value for key, value in __import__("os").environ.items() if key != "OMP_NUM_THREADS"
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
+    )
+    assert result.stdout.strip() == "True"

@@ -457,6 +457,7 @@ def metrics_table(results: dict[str, dict[str, float]]) -> str:
         ("energy_per_atom_rmse", "E/atom RMSE", 1e3),
         ("energy_per_atom_mae", "E/atom MAE", 1e3),
         ("energy_rmse", "E RMSE", 1e3),
+        ("energy_mae", "E MAE", 1e3),
         ("forces_rmse", "F RMSE", 1e3),
         ("forces_mae", "F MAE", 1e3),
         ("stress_rmse", "S RMSE", 1e3),
