@@ -60,7 +60,8 @@ class Datasets:
     split: dict[str, list[int]]  # indices into the training file, for the record
 
 
-def _elements(structures: list[Structure]) -> set[int]:
+def elements(structures: list[Structure]) -> set[int]:
+    """Atomic numbers present in ``structures``."""
     found: set[int] = set()
     for structure in structures:
         found.update(structure.atomic_numbers.unique().tolist())
@@ -93,9 +94,9 @@ def load_datasets(options: Options, seed: int) -> Datasets:
             others[name] = read_dataset(value)
         else:
             others[name] = [structures[index] for index in indices]
-    known = _elements(training)
+    known = elements(training)
     for name, part in others.items():
-        missing = _elements(part) - known
+        missing = elements(part) - known
         if missing:
             raise DataError(
                 f"{name} contains atomic numbers {sorted(missing)} that the training set "

@@ -28,7 +28,7 @@ from ..models.export import export
 from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
 from ..options import Options, expanded
 from .checkpoint import save_checkpoint
-from .datasets import Datasets, load_datasets
+from .datasets import Datasets, elements, load_datasets
 from .evaluation import metric_sums, predict
 from .losses import GlobalCounts, batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize
@@ -46,13 +46,6 @@ class Run:
     directory: Path  # chosen by rank 0, known to all ranks
     restart_state: dict[str, Any] | None = None
     output_path: Path | None = None
-
-
-def elements(structures: list[Structure]) -> list[int]:
-    found: set[int] = set()
-    for structure in structures:
-        found.update(structure.atomic_numbers.unique().tolist())
-    return sorted(found)
 
 
 def build_model(options: Options, atomic_types: list[int]) -> SoapBpnn:
@@ -179,7 +172,7 @@ class Trainer:
         if state is not None:
             self.model = SoapBpnn(**state["hypers"])
         else:
-            self.model = build_model(options, elements(training))
+            self.model = build_model(options, sorted(elements(training)))
         self.model.set_precision(self.dtype)
         if state is not None:
             self.model.load_state_dict(state["model_state"])
