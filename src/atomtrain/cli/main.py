@@ -8,6 +8,7 @@ import os
 import sys
 
 from .. import __version__
+from ..distributed.env import detect_launch
 from ..distributed.faults import PeerFailure
 from ..errors import AtomtrainError
 from ..training.outputs import LOGGER_NAME
@@ -34,13 +35,10 @@ def parser() -> argparse.ArgumentParser:
 
 def _rank() -> int:
     """This process's rank, for deciding who prints an error all ranks share."""
-    for name in ("RANK", "SLURM_PROCID"):
-        if name in os.environ:
-            try:
-                return int(os.environ[name])
-            except ValueError:
-                return 0
-    return 0
+    try:
+        return detect_launch(os.environ).rank
+    except AtomtrainError:
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from ..training.outputs import (
     newest_run_directory,
     setup_logging,
 )
-from ..training.stopping import TrainingStopped
+from ..training.stopping import CollectiveError, TrainingStopped
 from .export import check_output_path
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -150,14 +150,8 @@ def decide_on_rank_0(context, decide):
             outcome = ("error", str(error))
     kind, value = context.broadcast_object(outcome)
     if kind == "error":
-        raise AgreedError(str(value))
+        raise CollectiveError(str(value))
     return value
-
-
-class AgreedError(AtomtrainError):
-    """Raised on every rank from rank 0's decision; rank 0 prints it."""
-
-    collective = True
 
 
 def run(arguments: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from .checkpoint import save_checkpoint
 from .datasets import Datasets, elements, load_datasets
 from .evaluation import metric_sums, predict
 from .losses import GlobalCounts, batch_loss
-from .metrics import SUM_NAMES, MetricSums, finalize
+from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together
 from .outputs import LOGGER_NAME, append_csv, plot_learning_curves, write_run_record
 from .schedule import make_scheduler
 from .stopping import NonFiniteLoss, ParametersDiverged, StopRequest, TrainingStopped
@@ -338,29 +338,30 @@ class Trainer:
 
     # the whole run -----------------------------------------------------------------
     def fit(self) -> dict[str, dict[str, float]]:
-        options = self.training_options
-        context = self.context
-        epoch_time = time.perf_counter()
         self.stop.install()
         try:
-            with context.guard():
-                return self.epochs(options, epoch_time)
+            with self.context.guard():
+                return self.epochs()
         finally:
             self.stop.uninstall()
 
-    def epochs(self, options, epoch_time: float) -> dict[str, dict[str, float]]:
+    def epochs(self) -> dict[str, dict[str, float]]:
+        options = self.training_options
         context = self.context
         directory = self.run.directory
+        epoch_time = time.perf_counter()
         for epoch in range(self.start_epoch, options.num_epochs):
             start_step = self.start_step if epoch == self.start_epoch else 0
             train_values = self.train_epoch(epoch, start_step)
             completed = epoch + 1
             if completed % options.log_interval == 0 or completed == options.num_epochs:
                 validation_values = self.evaluate(self.datasets.validation)
-                reduced = context.all_reduce_sum(torch.cat([train_values, validation_values]))
-                train_metrics = finalize(reduced[: len(SUM_NAMES)])
-                validation_metrics = finalize(reduced[len(SUM_NAMES) :])
-                train_loss = float(reduced[SUM_NAMES.index("loss")]) / self.steps_per_epoch
+                train_sums, validation_sums = reduce_together(
+                    context, [train_values, validation_values]
+                )
+                train_metrics = finalize(train_sums)
+                validation_metrics = finalize(validation_sums)
+                train_loss = float(train_sums[SUM_NAMES.index("loss")]) / self.steps_per_epoch
                 chosen = validation_metrics if self.datasets.validation else train_metrics
                 metric = selection_metric(chosen, self.options)
                 if metric < self.best_metric:
@@ -410,12 +411,8 @@ class Trainer:
             "validation": self.datasets.validation,
             "test": self.datasets.test,
         }
-        values = context.all_reduce_sum(torch.cat([self.evaluate(s) for s in parts.values()]))
-        size = len(SUM_NAMES)
-        results = {
-            name: finalize(values[position * size : (position + 1) * size])
-            for position, name in enumerate(parts)
-        }
+        sums = reduce_together(context, [self.evaluate(s) for s in parts.values()])
+        results = {name: finalize(values) for name, values in zip(parts, sums)}
         logger.info(f"best model: epoch {self.best_epoch}")
         logger.info(metrics_table(results))
         if context.is_main:

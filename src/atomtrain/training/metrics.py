@@ -91,3 +91,9 @@ def finalize(values: torch.Tensor) -> dict[str, float]:
             mean = sums[total] / sums[count]
             metrics[name] = math.sqrt(mean) if root else mean
     return metrics
+
+
+def reduce_together(context, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Sum several MetricSums tensors over ranks in one fused call; same order back."""
+    reduced = context.all_reduce_sum(torch.cat(parts))
+    return list(reduced.split(len(SUM_NAMES)))
