@@ -89,7 +89,7 @@ def main() -> None:
         )
         loss = batch_loss(predictions, batch, LossOptions(), counts)
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward(inputs=list(model.parameters()))
         start = lap("backward", start)
         optimizer.step()
         lap("optimizer", start)

@@ -12,8 +12,11 @@ from pathlib import Path
 
 from compare_metatrain import EPOCH_LINE, ROOT, run_measured, write_inputs
 
-CONFIGS = [("1 process x 1 thread", 1, []), ("1 process x 2 threads", 2, []),
-           ("--nproc 2 x 1 thread", 1, ["--nproc", "2"])]
+CONFIGS = [
+    ("1 process x 1 thread", 1, []),
+    ("1 process x 2 threads", 2, []),
+    ("--nproc 2 x 1 thread", 1, ["--nproc", "2"]),
+]
 
 
 def main() -> None:

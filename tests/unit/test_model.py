@@ -14,6 +14,7 @@ from atomtrain.models.composition import (
     normal_equation_sums,
     solve_baseline,
 )
+from atomtrain.models.soap import neighbor_sums
 
 from helpers import run_model, small_model, structure_from_atoms
 
@@ -199,3 +200,21 @@ def test_collinear_compositions_give_minimum_norm_fit():
     energies = torch.tensor([-100.0, -101.0, -99.0, -100.0], dtype=torch.float64)
     baseline = solve_baseline(*normal_equation_sums(counts, energies))
     assert torch.allclose(counts[0].double() @ baseline, energies.mean())
+
+
+@pytest.mark.parametrize("n_pairs", [0, 1, 40])
+def test_padded_neighbor_sums_equal_scattered_outer_products(n_pairs):
+    generator = torch.Generator().manual_seed(n_pairs)
+    n_targets = 7  # some targets receive no pair at all
+    target = torch.randint(0, n_targets - 2, (n_pairs,), generator=generator)
+    radial = torch.randn(n_pairs, 4, generator=generator, dtype=torch.float64)
+    angular = torch.randn(n_pairs, 9, generator=generator, dtype=torch.float64)
+    expected = torch.zeros(n_targets, 4, 9, dtype=torch.float64).index_add(
+        0, target, radial.unsqueeze(2) * angular.unsqueeze(1)
+    )
+    assert torch.allclose(neighbor_sums(radial, angular, target, n_targets), expected)
+
+
+def test_atoms_without_neighbors_feel_no_force():
+    outputs = evaluate(small_model([1, 8]), ase.Atoms("OH", positions=[[0, 0, 0], [9, 0, 0]]))
+    assert torch.all(outputs["forces"] == 0) and torch.isfinite(outputs["energy"]).all()

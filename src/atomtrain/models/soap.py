@@ -51,6 +51,35 @@ def orthonormalizer(centers: torch.Tensor, width: float, radius: float) -> torch
     return torch.from_numpy(scaled @ eigenvectors.T)
 
 
+def neighbor_sums(
+    radial: torch.Tensor, angular: torch.Tensor, target: torch.Tensor, n_targets: int
+) -> torch.Tensor:
+    """sum over pairs p with target[p] = t of radial[p, n] * angular[p, lm], [t, n, lm].
+
+    Pairs are placed in a zero-padded [targets, most pairs per target] layout so that
+    the sum is one batched matrix product: its gradients (and their gradients, for force
+    training) are matrix products too, instead of a [pairs, n, lm] outer product held in
+    memory and scattered.
+    """
+    counts = torch.bincount(target, minlength=n_targets)
+    width = int(counts.max()) if target.numel() > 0 else 1
+    order = torch.argsort(target, stable=True)
+    first_of_target = torch.cumsum(counts, 0) - counts
+    sorted_target = target.index_select(0, order)
+    slot = torch.arange(target.numel(), device=target.device) - first_of_target.index_select(
+        0, sorted_target
+    )
+    flat = sorted_target * width + slot
+    padded_radial = radial.new_zeros((n_targets * width, radial.shape[1]))
+    padded_radial = padded_radial.index_copy(0, flat, radial.index_select(0, order))
+    padded_angular = angular.new_zeros((n_targets * width, angular.shape[1]))
+    padded_angular = padded_angular.index_copy(0, flat, angular.index_select(0, order))
+    return torch.bmm(
+        padded_radial.reshape(n_targets, width, radial.shape[1]).transpose(1, 2),
+        padded_angular.reshape(n_targets, width, angular.shape[1]),
+    )
+
+
 class SoapPowerSpectrum(torch.nn.Module):
     """Rotation-invariant SOAP power spectrum with element channels."""
 
@@ -94,15 +123,9 @@ class SoapPowerSpectrum(torch.nn.Module):
         radial = radial @ self.radial_transform
         radial = radial * cosine_cutoff(distances, self.cutoff, self.cutoff_width).unsqueeze(1)
         angular = self.spherical_harmonics(edge_vectors)
-        expansion = radial.unsqueeze(2) * angular.unsqueeze(1)  # [pairs, n, lm]
         target = pair_first * self.n_elements + neighbor_element
         n_lm = (self.max_angular + 1) * (self.max_angular + 1)
-        density = torch.zeros(
-            (n_atoms * self.n_elements, self.n_radial, n_lm),
-            dtype=edge_vectors.dtype,
-            device=edge_vectors.device,
-        )
-        density = density.index_add(0, target, expansion)
+        density = neighbor_sums(radial, angular, target, n_atoms * self.n_elements)
         density = density.reshape(n_atoms, self.n_elements * self.n_radial, n_lm)
         features = []
         for angular_l in range(self.max_angular + 1):

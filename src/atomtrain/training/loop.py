@@ -180,9 +180,8 @@ class Trainer:
             fit_baseline(self.model, training, options, context)
         self.model.to(context.device)
         self.ddp_model = context.wrap(self.model)
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=self.training_options.learning_rate
-        )
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.parameters, lr=self.training_options.learning_rate)
         self.steps_per_epoch = steps_per_epoch(len(training), self.training_options.batch_size)
         self.scheduler = make_scheduler(
             self.optimizer,
@@ -252,8 +251,10 @@ class Trainer:
             loss = batch_loss(predictions, batch, self.loss_options, counts)
             self.optimizer.zero_grad(set_to_none=True)
             # DDP averages gradients over ranks; the loss is already a share of the
-            # global-batch loss, so scale it back to make the average a sum.
-            (loss * context.world_size).backward()
+            # global-batch loss, so scale it back to make the average a sum. Gradients
+            # go to the parameters only: the force loss would otherwise also be
+            # differentiated with respect to the positions (second derivatives, unused).
+            (loss * context.world_size).backward(inputs=self.parameters)
             stop, non_finite = self.step_status(loss)
             if non_finite:
                 raise NonFiniteLoss(
