@@ -116,9 +116,13 @@ def run(arguments: argparse.Namespace) -> int:
     sums = MetricSums(context.device)
     predictions: list[dict] = []
     indices = list(range(len(structures)))
-    for chunk, batch in local_batches(structures, indices, arguments.batch_size, model.cutoff):
+    batches = local_batches(structures, indices, arguments.batch_size, model.cutoff)
+    for chunk, batch in batches:
         batch = batch.to(context.device, dtype)
-        predicted = predict(model, batch, forces, stress)
+        # Every batch has its own shape: the TorchScript profiling executor's warm-up
+        # and re-specialisation cost more than they gain here (measured).
+        with torch.jit.optimized_execution(False):
+            predicted = predict(model, batch, forces, stress)
         sums.accumulate(predicted, batch)
         offsets = torch.cumsum(batch.n_atoms, 0) - batch.n_atoms
         for position, _ in enumerate(chunk):

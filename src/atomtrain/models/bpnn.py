@@ -15,6 +15,24 @@ def element_network(n_inputs: int, n_hidden_layers: int, n_neurons: int) -> torc
     return torch.nn.Sequential(*layers)
 
 
+class LayerNorm(torch.nn.Module):
+    """torch.nn.LayerNorm's function and parameters, written with plain operations:
+    training on forces differentiates it twice, and the double backward of these
+    operations costs less than that of the fused kernel (measured: 1.5 vs 2.2 ms for
+    72 atoms x 2100 features)."""
+
+    def __init__(self, n_features: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(n_features))
+        self.bias = torch.nn.Parameter(torch.zeros(n_features))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        centered = features - features.mean(dim=1, keepdim=True)
+        variance = (centered * centered).mean(dim=1, keepdim=True)
+        return centered * torch.rsqrt(variance + self.eps) * self.weight + self.bias
+
+
 class ElementNetworks(torch.nn.Module):
     """Maps each atom's features to an atomic energy with its element's network.
 
@@ -29,10 +47,12 @@ class ElementNetworks(torch.nn.Module):
         )
 
     def forward(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
-        energies = torch.zeros(features.shape[0], dtype=features.dtype, device=features.device)
+        # Atoms sorted by element make each element's rows one contiguous slice.
+        counts: list[int] = torch.bincount(element_index, minlength=len(self.networks)).tolist()
+        order = torch.argsort(element_index, stable=True)
+        rows = torch.split(features.index_select(0, order), counts)
+        energies: list[torch.Tensor] = []
         for element, network in enumerate(self.networks):
-            atoms = torch.nonzero(element_index == element).reshape(-1)
-            energies = energies.index_put(
-                (atoms,), network(features.index_select(0, atoms)).reshape(-1)
-            )
-        return energies
+            energies.append(network(rows[element]).reshape(-1))
+        sorted_energies = torch.cat(energies)
+        return torch.zeros_like(sorted_energies).index_copy(0, order, sorted_energies)

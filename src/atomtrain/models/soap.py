@@ -107,9 +107,24 @@ class SoapPowerSpectrum(torch.nn.Module):
         self.spherical_harmonics = sphericart.torch.SphericalHarmonics(max_angular)
         n_channels = n_elements * self.n_radial
         upper = torch.triu_indices(n_channels, n_channels)
-        self.register_buffer("upper_first", upper[0])
-        self.register_buffer("upper_second", upper[1])
+        self.register_buffer("upper", upper[0] * n_channels + upper[1])
         self.n_features = upper.shape[1] * (max_angular + 1)
+        # Each l block of the density (2l + 1 values of m) is spread over 2 max_angular + 1
+        # columns, zeros after its own, so that all l are one batched matrix product; the
+        # spreading is a product with a 0/1 matrix (cheaper to differentiate twice than a
+        # gather).
+        n_lm = (max_angular + 1) ** 2
+        width = 2 * max_angular + 1
+        spread = torch.zeros((n_lm, (max_angular + 1) * width), dtype=torch.float64)
+        for angular_l in range(max_angular + 1):
+            for m in range(2 * angular_l + 1):
+                spread[angular_l * angular_l + m, angular_l * width + m] = 1.0
+        self.register_buffer("spread", spread)
+        normalization = torch.tensor(
+            [1.0 / math.sqrt(2 * angular_l + 1) for angular_l in range(max_angular + 1)],
+            dtype=torch.float64,
+        )
+        self.register_buffer("normalization", normalization.reshape(1, -1, 1))
 
     def forward(
         self,
@@ -127,9 +142,15 @@ class SoapPowerSpectrum(torch.nn.Module):
         n_lm = (self.max_angular + 1) * (self.max_angular + 1)
         density = neighbor_sums(radial, angular, target, n_atoms * self.n_elements)
         density = density.reshape(n_atoms, self.n_elements * self.n_radial, n_lm)
-        features = []
-        for angular_l in range(self.max_angular + 1):
-            block = density[:, :, angular_l * angular_l : (angular_l + 1) * (angular_l + 1)]
-            products = torch.bmm(block, block.transpose(1, 2)) / math.sqrt(2 * angular_l + 1)
-            features.append(products[:, self.upper_first, self.upper_second])
-        return torch.cat(features, dim=1)
+        return self.power_spectrum(density)
+
+    def power_spectrum(self, density: torch.Tensor) -> torch.Tensor:
+        """[atoms, channels, lm] -> [atoms, (l, channel pair c <= c') flattened]."""
+        n_atoms, n_channels, _ = density.shape
+        n_l, width = self.max_angular + 1, 2 * self.max_angular + 1
+        blocks = (density @ self.spread).reshape(n_atoms, n_channels, n_l, width)
+        blocks = blocks.transpose(1, 2).reshape(n_atoms * n_l, n_channels, width)
+        products = torch.bmm(blocks, blocks.transpose(1, 2))
+        products = products.reshape(n_atoms, n_l, n_channels * n_channels)
+        features = products.index_select(2, self.upper) * self.normalization
+        return features.reshape(n_atoms, self.n_features)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .bpnn import ElementNetworks
+from .bpnn import ElementNetworks, LayerNorm
 from .soap import SoapPowerSpectrum
 
 ARCHITECTURE_NAME = "soap_bpnn"
@@ -57,9 +57,7 @@ class SoapBpnn(torch.nn.Module):
         self.soap = SoapPowerSpectrum(
             len(atomic_types), cutoff, cutoff_width, max_radial, max_angular
         )
-        self.layernorm = (
-            torch.nn.LayerNorm(self.soap.n_features) if layernorm else torch.nn.Identity()
-        )
+        self.layernorm = LayerNorm(self.soap.n_features) if layernorm else torch.nn.Identity()
         self.networks = ElementNetworks(
             len(atomic_types),
             self.soap.n_features,
