@@ -100,7 +100,7 @@ def test_training_across_namespaces_and_a_cut_link(tmp_path, two_nodes):
     start = time.monotonic()
     (code_a, _, error_a), (code_b, _, error_b) = finish(processes, limit=90)
     assert time.monotonic() - start < 45
-    assert code_a == 3 and code_b == 3
+    assert code_a == 3 and code_b == 3, (error_a[-2000:], error_b[-2000:])
     assert "lost rank 1 on" in error_a and ADDRESS_B in error_a
     assert "lost contact with rank 0" in error_b and ADDRESS_A in error_b
     assert "Traceback" not in error_a + error_b

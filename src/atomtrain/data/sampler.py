@@ -24,5 +24,21 @@ def shard(items: list[int], rank: int, world_size: int) -> list[int]:
     return items[rank::world_size]
 
 
+def balanced_shard(items: list[int], sizes: list[int], rank: int, world_size: int) -> list[int]:
+    """This rank's part of a list, dealt so that the ranks get about the same total size
+    (atoms, so that they finish a step together): largest first, each to the least
+    loaded rank, ties to the lower rank. Items keep their order within a part. Every
+    rank deals the same list the same way; with one rank the list is returned as is."""
+    if world_size == 1:
+        return list(items)
+    loads = [0] * world_size
+    owners = [0] * len(items)
+    for position in sorted(range(len(items)), key=lambda position: (-sizes[position], position)):
+        owner = min(range(world_size), key=lambda candidate: (loads[candidate], candidate))
+        owners[position] = owner
+        loads[owner] += sizes[position]
+    return [item for item, owner in zip(items, owners) if owner == rank]
+
+
 def steps_per_epoch(n_structures: int, batch_size: int) -> int:
     return (n_structures + batch_size - 1) // batch_size

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import datetime
 import errno
+import inspect
 import os
 import socket
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +58,19 @@ class Context:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
+    def start_all_reduce_sum(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Start a sum over ranks; the returned function waits for it and returns the
+        tensor. Work done in between (a backward pass) hides the latency."""
+        if not self.is_distributed:
+            return lambda: tensor
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+
+        def finish() -> torch.Tensor:
+            work.wait()
+            return tensor
+
+        return finish
+
     def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
         """Element-wise maximum over ranks (in place and returned)."""
         if self.is_distributed:
@@ -89,7 +104,15 @@ class Context:
         # a [1, n] weight's gradient may come with strides (1, 1) instead of (n, 1): same
         # memory layout, so DDP's warning about it is noise
         warnings.filterwarnings("ignore", message="Grad strides do not match bucket view")
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        # The model's buffers are constants built the same way on every rank: sending
+        # rank 0's copy before every forward pass is a collective per step for nothing.
+        parallel = torch.nn.parallel.DistributedDataParallel
+        no_buffer_sync = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(parallel).parameters
+            else {"broadcast_buffers": False}
+        )
+        return parallel(model, device_ids=device_ids, **no_buffer_sync)
 
     def gather_hosts(self) -> list[tuple[int, str, str]]:
         """(rank, host, device) of every rank, kept to name a rank that is lost. The host

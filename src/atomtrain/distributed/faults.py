@@ -46,6 +46,7 @@ def is_communication_error(error: BaseException) -> bool:
         "Socket",
         "socket",
         "Broken pipe",
+        "pair closure",  # gloo, when an asynchronous collective's peer went silent
     )
     return any(marker in text for marker in markers)
 

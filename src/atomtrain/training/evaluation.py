@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from ..data.batch import Batch, collate
-from ..data.sampler import shard
+from ..data.sampler import balanced_shard
 from ..data.system import Structure
 from ..distributed import Context
 from .metrics import MetricSums
@@ -60,7 +60,8 @@ def metric_sums(
     sums = MetricSums(context.device)
     if not structures:
         return sums.values
-    indices = shard(list(range(len(structures))), context.rank, context.world_size)
+    sizes = [structure.n_atoms for structure in structures]
+    indices = balanced_shard(list(range(len(structures))), sizes, context.rank, context.world_size)
     forces = structures[0].forces is not None
     stress = all(structure.stress is not None for structure in structures)
     cutoff = float(model.cutoff)

@@ -12,6 +12,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,13 @@ import torch
 import tqdm
 
 from ..data.batch import collate, empty_batch
-from ..data.sampler import epoch_order, global_batches, shard, steps_per_epoch
+from ..data.sampler import (
+    balanced_shard,
+    epoch_order,
+    global_batches,
+    shard,
+    steps_per_epoch,
+)
 from ..data.system import Structure
 from ..distributed import Context
 from ..models.composition import composition_counts, normal_equation_sums, solve_baseline
@@ -181,7 +188,9 @@ class Trainer:
         self.model.to(context.device)
         self.ddp_model = context.wrap(self.model)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.parameters, lr=self.training_options.learning_rate)
+        self.optimizer = torch.optim.Adam(
+            self.parameters, lr=self.training_options.learning_rate, fused=True
+        )
         self.steps_per_epoch = steps_per_epoch(len(training), self.training_options.batch_size)
         self.scheduler = make_scheduler(
             self.optimizer,
@@ -238,9 +247,9 @@ class Trainer:
         for step in range(start_step, len(batches)):
             global_batch = batches[step]
             counts = global_counts(training, global_batch)
-            local = [
-                training[index] for index in shard(global_batch, context.rank, context.world_size)
-            ]
+            sizes = [training[index].n_atoms for index in global_batch]
+            mine = balanced_shard(global_batch, sizes, context.rank, context.world_size)
+            local = [training[index] for index in mine]
             batch = (
                 collate(local, self.model.cutoff)
                 if local
@@ -249,13 +258,14 @@ class Trainer:
             batch = batch.to(context.device, self.dtype)
             predictions = predict(self.ddp_model, batch, self.forces, self.stress, True)
             loss = batch_loss(predictions, batch, self.loss_options, counts)
+            status = self.start_step_status(loss)
             self.optimizer.zero_grad(set_to_none=True)
             # DDP averages gradients over ranks; the loss is already a share of the
             # global-batch loss, so scale it back to make the average a sum. Gradients
             # go to the parameters only: the force loss would otherwise also be
             # differentiated with respect to the positions (second derivatives, unused).
             (loss * context.world_size).backward(inputs=self.parameters)
-            stop, non_finite = self.step_status(loss)
+            stop, non_finite = (value > 0 for value in status().tolist())
             if non_finite:
                 raise NonFiniteLoss(
                     f"the loss became NaN or infinite at epoch {epoch + 1}, step {step + 1}; "
@@ -276,16 +286,16 @@ class Trainer:
         progress.close()
         return sums.values
 
-    def step_status(self, loss: torch.Tensor) -> tuple[bool, bool]:
-        """(a rank was asked to stop, a rank's loss is not finite), agreed by all."""
+    def start_step_status(self, loss: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Start agreeing on (a rank was asked to stop, a rank's loss is not finite):
+        the sum over ranks runs while this rank computes its gradients."""
         status = torch.stack(
             [
                 torch.tensor(float(self.stop.requested), dtype=torch.float64, device=loss.device),
                 (~torch.isfinite(loss.detach())).to(torch.float64),
             ]
         )
-        stop, non_finite = self.context.all_reduce_sum(status).tolist()
-        return stop > 0, non_finite > 0
+        return self.context.start_all_reduce_sum(status)
 
     def stop_here(self, epoch: int, step: int, sums: MetricSums) -> None:
         """Write a step checkpoint (rank 0) and stop every rank."""

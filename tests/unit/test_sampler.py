@@ -1,0 +1,42 @@
+"""Global batches and how they are dealt to ranks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from atomtrain.data.sampler import balanced_shard, epoch_order, global_batches
+
+
+def test_epoch_order_is_a_seeded_permutation():
+    first = epoch_order(50, seed=3, epoch=0)
+    assert sorted(first) == list(range(50))
+    assert first == epoch_order(50, seed=3, epoch=0)
+    assert first != epoch_order(50, seed=3, epoch=1)
+    batches = global_batches(first, 8)
+    assert [len(batch) for batch in batches] == [8] * 6 + [2]
+    assert sum(batches, []) == first
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_balanced_shards_partition_the_batch_and_even_out_atoms(world_size):
+    generator = random.Random(world_size)
+    for _ in range(50):
+        items = generator.sample(range(1000), generator.randint(world_size, 16))
+        sizes = [generator.randint(6, 95) for _ in items]
+        parts = [balanced_shard(items, sizes, rank, world_size) for rank in range(world_size)]
+        assert sorted(sum(parts, [])) == sorted(items)  # each item on exactly one rank
+        for part in parts:
+            assert part == [item for item in items if item in part]  # order kept
+            assert part  # at least as many items as ranks: nobody idles
+        size_of = dict(zip(items, sizes))
+        loads = [sum(size_of[item] for item in part) for part in parts]
+        # greedy largest-first: the spread is at most the largest item
+        assert max(loads) - min(loads) <= max(sizes)
+
+
+def test_one_rank_gets_the_batch_unchanged_and_short_batches_leave_ranks_empty():
+    assert balanced_shard([5, 2, 9], [10, 30, 20], 0, 1) == [5, 2, 9]
+    parts = [balanced_shard([7], [12], rank, 3) for rank in range(3)]
+    assert parts == [[7], [], []]
