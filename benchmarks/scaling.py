@@ -1,7 +1,7 @@
 """atomtrain strong scaling on this machine: 1 process x 1 thread, 1 x 2 threads,
 --nproc 2 x 1 thread, same data and global batch (so the same model).
 
-    python benchmarks/scaling.py [--structures 300] [--epochs 4]
+    python benchmarks/scaling.py [--structures 300] [--epochs 4] [--batch-size 8]
 """
 
 from __future__ import annotations
@@ -24,15 +24,19 @@ def main() -> None:
     parser.add_argument("--structures", type=int, default=300)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--datasets", nargs="+", default=["ethanol", "tio2"])
+    parser.add_argument("--batch-size", type=int, default=8, help="global batch size")
     arguments = parser.parse_args()
     n_train = arguments.structures - max(1, round(0.1 * arguments.structures))
+    print(f"global batch {arguments.batch_size}, {arguments.structures} structures")
     print(f"{'data':<10}{'configuration':<26}{'structures/s':>14}{'speed-up':>10}")
     for name in arguments.datasets:
         baseline = None
         for label, threads, extra in CONFIGS:
             directory = ROOT / "benchmarks" / "runs" / "scaling" / name / label.split()[0]
             directory.mkdir(parents=True, exist_ok=True)
-            options = write_inputs(directory, name, arguments.structures, arguments.epochs, 8)
+            options = write_inputs(
+                directory, name, arguments.structures, arguments.epochs, arguments.batch_size
+            )
             command = [sys.executable, "-m", "atomtrain", "train", options.name, *extra]
             _, marks, _ = run_measured(command, directory, threads, EPOCH_LINE["atomtrain"])
             rate = n_train / ((marks[-1] - marks[0]) / (len(marks) - 1))

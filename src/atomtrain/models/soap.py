@@ -151,6 +151,9 @@ class SoapPowerSpectrum(torch.nn.Module):
         blocks = (density @ self.spread).reshape(n_atoms, n_channels, n_l, width)
         blocks = blocks.transpose(1, 2).reshape(n_atoms * n_l, n_channels, width)
         products = torch.bmm(blocks, blocks.transpose(1, 2))
-        products = products.reshape(n_atoms, n_l, n_channels * n_channels)
-        features = products.index_select(2, self.upper) * self.normalization
+        # a gather along the last axis of a 2-d tensor: along the last of three it
+        # costs several times more per atom once batches grow past ~100 atoms
+        products = products.reshape(n_atoms * n_l, n_channels * n_channels)
+        features = products.index_select(1, self.upper)
+        features = features.reshape(n_atoms, n_l, self.upper.shape[0]) * self.normalization
         return features.reshape(n_atoms, self.n_features)
