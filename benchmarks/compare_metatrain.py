@@ -22,6 +22,7 @@ Measured per run, from outside the process:
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import re
 import subprocess
@@ -61,11 +62,21 @@ def ensure_metatrain() -> Path:
     return mtt
 
 
+def validation_size(count: int) -> int:
+    return max(1, round(0.1 * count))
+
+
 def write_inputs(directory: Path, name: str, count: int, epochs: int, batch: int) -> Path:
     source, stress = DATASETS[name]
     frames = ase.io.read(source, f":{count}")
     data = directory / f"{name}.xyz"
     ase.io.write(data, frames, format="extxyz")
+    # the same explicit split for both tools, so validation errors compare like for like
+    n_validation = validation_size(count)
+    training_file = directory / f"{name}_train.xyz"
+    validation_file = directory / f"{name}_validation.xyz"
+    ase.io.write(training_file, frames[: count - n_validation], format="extxyz")
+    ase.io.write(validation_file, frames[count - n_validation :], format="extxyz")
     targets = {"key": "energy", "unit": "eV", "forces": {"key": "forces"}}
     if stress:
         targets["stress"] = {"key": "stress"}
@@ -92,10 +103,13 @@ def write_inputs(directory: Path, name: str, count: int, epochs: int, batch: int
             },
         },
         "training_set": {
-            "systems": {"read_from": data.name, "length_unit": "angstrom"},
+            "systems": {"read_from": training_file.name, "length_unit": "angstrom"},
             "targets": {"energy": targets},
         },
-        "validation_set": 0.1,
+        "validation_set": {
+            "systems": {"read_from": validation_file.name, "length_unit": "angstrom"},
+            "targets": {"energy": targets},
+        },
         "test_set": 0.0,
     }
     path = directory / "options.yaml"
@@ -128,9 +142,32 @@ def run_measured(command: list[str], cwd: Path, threads: int, pattern=None):
     return elapsed, marks, usage.ru_maxrss / 1024
 
 
+def newest(paths) -> Path:
+    return max(paths, key=lambda path: path.stat().st_mtime_ns)
+
+
+def final_validation_errors(tool: str, directory: Path) -> dict:
+    """Validation energy RMSE (meV/atom) and force RMSE (meV/A) after the last epoch,
+    from the tool's own per-epoch CSV."""
+    table = newest(directory.glob("outputs/*/*/train.csv"))
+    rows = list(csv.reader(table.read_text().splitlines()))
+    header, last = rows[0], rows[-1]
+    if tool == "metatrain":  # second row holds units (meV, meV/A)
+        columns = ("validation energy RMSE (per atom)", "validation forces RMSE")
+        scale = 1.0
+    else:  # eV, eV/A
+        columns = ("validation_energy_per_atom_rmse", "validation_forces_rmse")
+        scale = 1000.0
+    energy, forces = (scale * float(last[header.index(column)]) for column in columns)
+    return {
+        "validation_energy_rmse_mev_per_atom": energy,
+        "validation_forces_rmse_mev_per_a": forces,
+    }
+
+
 def exported_model(tool: str, directory: Path) -> Path:
     if tool == "atomtrain":
-        return next(directory.glob("outputs/*/*/model.pt"))
+        return newest(directory.glob("outputs/*/*/model.pt"))
     return directory / "model.pt"
 
 
@@ -215,8 +252,9 @@ def main() -> None:
             options = write_inputs(
                 directory, name, arguments.structures, arguments.epochs, arguments.batch_size
             )
-            n_train = arguments.structures - max(1, round(0.1 * arguments.structures))
+            n_train = arguments.structures - validation_size(arguments.structures)
             results[tool] = train(tool, mtt, options, arguments.threads, n_train)
+            results[tool].update(final_validation_errors(tool, directory))
             results[tool]["eval_structures_per_s"] = evaluate(
                 tool, mtt, directory, directory / f"{name}.xyz", arguments.threads
             )
@@ -235,6 +273,15 @@ def main() -> None:
         "(ratios atomtrain / metatrain: higher is better for throughput, lower for RSS "
         "and time to first epoch)"
     )
+    print(f"\nvalidation errors after epoch {arguments.epochs} (same split for both tools)")
+    print(f"{'data':<10}{'tool':<11}{'E RMSE (meV/atom)':>20}{'F RMSE (meV/A)':>18}")
+    for name, results in rows:
+        for tool in ("metatrain", "atomtrain"):
+            errors = results[tool]
+            print(
+                f"{name:<10}{tool:<11}{errors['validation_energy_rmse_mev_per_atom']:>20.2f}"
+                f"{errors['validation_forces_rmse_mev_per_a']:>18.1f}"
+            )
 
 
 if __name__ == "__main__":

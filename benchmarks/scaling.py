@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from compare_metatrain import EPOCH_LINE, ROOT, run_measured, write_inputs
+from compare_metatrain import EPOCH_LINE, ROOT, run_measured, validation_size, write_inputs
 
 CONFIGS = [
     ("1 process x 1 thread", 1, []),
@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", default=["ethanol", "tio2"])
     parser.add_argument("--batch-size", type=int, default=8, help="global batch size")
     arguments = parser.parse_args()
-    n_train = arguments.structures - max(1, round(0.1 * arguments.structures))
+    n_train = arguments.structures - validation_size(arguments.structures)
     print(f"global batch {arguments.batch_size}, {arguments.structures} structures")
     print(f"{'data':<10}{'configuration':<26}{'structures/s':>14}{'speed-up':>10}")
     for name in arguments.datasets:
