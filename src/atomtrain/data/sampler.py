@@ -26,7 +26,7 @@ def shard(items: list[int], rank: int, world_size: int) -> list[int]:
 
 def balanced_shard(items: list[int], sizes: list[int], rank: int, world_size: int) -> list[int]:
     """This rank's part of a list, dealt so that the ranks get about the same total size
-    (atoms, so that they finish a step together): largest first, each to the least
+    (work, so that they finish a step together): largest first, each to the least
     loaded rank, ties to the lower rank. Items keep their order within a part. Every
     rank deals the same list the same way; with one rank the list is returned as is."""
     if world_size == 1:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from ..data.batch import Batch, collate
+from ..data.neighbors import pair_count
 from ..data.sampler import balanced_shard
 from ..data.system import Structure
 from ..distributed import Context
@@ -60,11 +61,11 @@ def metric_sums(
     sums = MetricSums(context.device)
     if not structures:
         return sums.values
-    sizes = [structure.n_atoms for structure in structures]
+    cutoff = float(model.cutoff)
+    sizes = [pair_count(structure, cutoff) for structure in structures]
     indices = balanced_shard(list(range(len(structures))), sizes, context.rank, context.world_size)
     forces = structures[0].forces is not None
     stress = all(structure.stress is not None for structure in structures)
-    cutoff = float(model.cutoff)
     for _, batch in local_batches(structures, indices, batch_size, cutoff):
         batch = batch.to(context.device, dtype)
         predictions = predict(model, batch, forces, stress)

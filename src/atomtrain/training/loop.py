@@ -21,6 +21,7 @@ import torch
 import tqdm
 
 from ..data.batch import collate, empty_batch
+from ..data.neighbors import pair_count
 from ..data.sampler import (
     balanced_shard,
     epoch_order,
@@ -247,7 +248,7 @@ class Trainer:
         for step in range(start_step, len(batches)):
             global_batch = batches[step]
             counts = global_counts(training, global_batch)
-            sizes = [training[index].n_atoms for index in global_batch]
+            sizes = [pair_count(training[index], self.model.cutoff) for index in global_batch]
             mine = balanced_shard(global_batch, sizes, context.rank, context.world_size)
             local = [training[index] for index in mine]
             batch = (
