@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from atomtrain.cli.main import main
+from atomtrain.training.checkpoint import FORMAT
 
 from conftest import RESOURCES
 from helpers import write_options
@@ -138,11 +139,21 @@ def test_restart_auto_without_earlier_run(tmp_path, capsys):
 
 def test_checkpoint_of_another_architecture(tmp_path, capsys):
     checkpoint = tmp_path / "other.ckpt"
-    torch.save({"format": "atomtrain-checkpoint-1", "architecture": "pet"}, checkpoint)
+    torch.save({"format": FORMAT, "architecture": "pet"}, checkpoint)
     code, error = train_with(tmp_path, capsys, "--restart", checkpoint)
     assert_one_line(code, error, "other.ckpt", "architecture 'pet'")
     code, error = run(capsys, "export", checkpoint)
     assert_one_line(code, error, "architecture 'pet'")
+
+
+def test_checkpoint_of_another_atomtrain_version(tmp_path, capsys):
+    checkpoint = tmp_path / "old.ckpt"
+    torch.save({"format": "atomtrain-checkpoint-1", "architecture": "soap_bpnn"}, checkpoint)
+    code, error = train_with(tmp_path, capsys, "--restart", checkpoint)
+    assert_one_line(code, error, "old.ckpt", "another atomtrain version", FORMAT)
+    torch.save({"weights": [1.0]}, checkpoint)
+    code, error = run(capsys, "export", checkpoint)
+    assert_one_line(code, error, "old.ckpt", "not an atomtrain checkpoint")
 
 
 def test_output_path_in_missing_directory(tmp_path, capsys):

@@ -12,7 +12,8 @@ from ..errors import AtomtrainError
 from ..io import atomic_write
 from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
 
-FORMAT = "atomtrain-checkpoint-1"
+# 2: SOAP buffers changed (one upper-triangle index, spread and normalisation buffers)
+FORMAT = "atomtrain-checkpoint-2"
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -49,7 +50,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise AtomtrainError(
             f"{path}: not a readable atomtrain checkpoint ({str(error).splitlines()[0]})"
         ) from error
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    written = state.get("format", "") if isinstance(state, dict) else ""
+    if isinstance(written, str) and written.startswith("atomtrain-checkpoint-"):
+        if written != FORMAT:
+            raise AtomtrainError(
+                f"{path}: checkpoint format '{written}' is from another atomtrain version "
+                f"(this one reads '{FORMAT}'); use the version that wrote it, or train anew"
+            )
+    else:
         raise AtomtrainError(f"{path}: not an atomtrain checkpoint")
     if state.get("architecture") != ARCHITECTURE_NAME:
         raise AtomtrainError(
