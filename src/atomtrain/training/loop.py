@@ -12,7 +12,6 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,7 +186,7 @@ class Trainer:
         else:
             fit_baseline(self.model, training, options, context)
         self.model.to(context.device)
-        self.ddp_model = context.wrap(self.model)
+        context.broadcast_parameters(self.model)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(
             self.parameters, lr=self.training_options.learning_rate, fused=True
@@ -257,16 +256,16 @@ class Trainer:
                 else empty_batch(True, self.forces, self.stress)
             )
             batch = batch.to(context.device, self.dtype)
-            predictions = predict(self.ddp_model, batch, self.forces, self.stress, True)
+            predictions = predict(self.model, batch, self.forces, self.stress, True)
             loss = batch_loss(predictions, batch, self.loss_options, counts)
-            status = self.start_step_status(loss)
             self.optimizer.zero_grad(set_to_none=True)
-            # DDP averages gradients over ranks; the loss is already a share of the
-            # global-batch loss, so scale it back to make the average a sum. Gradients
-            # go to the parameters only: the force loss would otherwise also be
-            # differentiated with respect to the positions (second derivatives, unused).
-            (loss * context.world_size).backward(inputs=self.parameters)
-            stop, non_finite = (value > 0 for value in status().tolist())
+            # Each rank's loss is its share of the global-batch loss, so the sum of the
+            # ranks' gradients is the gradient of the global batch. Gradients go to the
+            # parameters only: the force loss would otherwise also be differentiated
+            # with respect to the positions (second derivatives, unused).
+            loss.backward(inputs=self.parameters)
+            status = context.sum_gradients(self.parameters, self.step_flags(loss))
+            stop, non_finite = (value > 0 for value in status.tolist())
             if non_finite:
                 raise NonFiniteLoss(
                     f"the loss became NaN or infinite at epoch {epoch + 1}, step {step + 1}; "
@@ -287,16 +286,11 @@ class Trainer:
         progress.close()
         return sums.values
 
-    def start_step_status(self, loss: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """Start agreeing on (a rank was asked to stop, a rank's loss is not finite):
-        the sum over ranks runs while this rank computes its gradients."""
-        status = torch.stack(
-            [
-                torch.tensor(float(self.stop.requested), dtype=torch.float64, device=loss.device),
-                (~torch.isfinite(loss.detach())).to(torch.float64),
-            ]
-        )
-        return self.context.start_all_reduce_sum(status)
+    def step_flags(self, loss: torch.Tensor) -> torch.Tensor:
+        """(this rank was asked to stop, this rank's loss is not finite) as numbers; summed
+        over ranks with the gradients, so that all ranks agree on them."""
+        stop = torch.tensor(float(self.stop.requested), dtype=loss.dtype, device=loss.device)
+        return torch.stack([stop, (~torch.isfinite(loss.detach())).to(loss.dtype)])
 
     def stop_here(self, epoch: int, step: int, sums: MetricSums) -> None:
         """Write a step checkpoint (rank 0) and stop every rank."""

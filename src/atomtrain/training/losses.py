@@ -1,5 +1,5 @@
 """Losses normalised by global counts, so that summing over ranks gives the loss of the
-whole global batch (and DDP's gradient average the single-process gradient)."""
+whole global batch (and the sum of the ranks' gradients the single-process gradient)."""
 
 from __future__ import annotations
 
