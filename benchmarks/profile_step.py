@@ -6,7 +6,7 @@ Phases: data (collating cached neighbor lists into a flat batch), features (pair
 vectors, radial and angular basis, density, power spectrum), networks (LayerNorm and
 per-element MLPs, energy sum), forces (autograd of the energy with create_graph),
 backward (loss gradient through all of it), optimizer (Adam). Communication is zero in
-one process; with several, DDP overlaps its all-reduce with the backward pass.
+one process; with several, one all-reduce of the gradients follows the backward pass.
 """
 
 from __future__ import annotations
