@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 import torch
 
+from atomtrain.data import collate
 from atomtrain.models.composition import (
     composition_counts,
     normal_equation_sums,
     solve_baseline,
 )
+from atomtrain.models.export import export, load_exported
 from atomtrain.models.soap import neighbor_sums
+from atomtrain.training.evaluation import predict
 
 from helpers import run_model, small_model, structure_from_atoms
 
@@ -218,3 +221,61 @@ def test_padded_neighbor_sums_equal_scattered_outer_products(n_pairs):
 def test_atoms_without_neighbors_feel_no_force():
     outputs = evaluate(small_model([1, 8]), ase.Atoms("OH", positions=[[0, 0, 0], [9, 0, 0]]))
     assert torch.all(outputs["forces"] == 0) and torch.isfinite(outputs["energy"]).all()
+
+
+def force_and_stress_loss(model, structures):
+    batch = collate(structures, model.cutoff).to("cpu", torch.float64)
+    outputs = predict(model, batch, True, True, create_graph=True)
+    return (outputs["forces"] ** 2).sum() + 1e3 * (outputs["stress"] ** 2).sum()
+
+
+def exported_copy(model, directory):
+    export(model, directory / "model.pt")
+    return load_exported(directory / "model.pt")
+
+
+def test_training_gradients_equal_those_of_the_exported_model(oxide_model, tmp_path):
+    """Training differentiates the harmonics through cached gradients; the exported
+    model through sphericart's exact autograd. The gradients of a force and stress loss
+    with respect to the parameters must be the same."""
+    structures = [structure_from_atoms(crystal())]
+    parameters = list(oxide_model.parameters())
+    fast = torch.autograd.grad(
+        force_and_stress_loss(oxide_model, structures), parameters, allow_unused=True
+    )
+    scripted = exported_copy(oxide_model, tmp_path)
+    exact = torch.autograd.grad(
+        force_and_stress_loss(scripted, structures),
+        list(scripted.parameters()),
+        allow_unused=True,  # output biases shift energies only, not forces or stress
+    )
+    assert sum(gradient is not None for gradient in fast) > len(parameters) // 2
+    for mine, reference in zip(fast, exact):
+        assert (mine is None) == (reference is None)
+        if mine is not None:
+            assert torch.allclose(mine, reference, rtol=1e-10, atol=1e-12)
+
+
+def test_hessian_from_the_training_model_is_refused_and_exact_when_exported(
+    organic_model, tmp_path
+):
+    structure = structure_from_atoms(molecule())
+    batch = collate([structure], organic_model.cutoff).to("cpu", torch.float64)
+    inputs = (batch.cell, batch.atomic_numbers, batch.system_index, batch.pair_first)
+    inputs += (batch.pair_second, batch.cell_shifts)
+
+    def gradient(model, positions):
+        energy = model.energies(positions, *inputs).sum()
+        return torch.autograd.grad(energy, positions, create_graph=True)[0]
+
+    positions = batch.positions.clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match="no second derivatives with respect to positions"):
+        torch.autograd.grad(gradient(organic_model, positions)[0, 0], positions)
+    scripted = exported_copy(organic_model, tmp_path)
+    (row,) = torch.autograd.grad(gradient(scripted, positions)[0, 0], positions)
+    step = 1e-5
+    shifted = [batch.positions.clone() for _ in range(2)]
+    shifted[0][2, 1] += step
+    shifted[1][2, 1] -= step
+    plus, minus = (gradient(scripted, p.requires_grad_(True))[0, 0] for p in shifted)
+    assert float(row[2, 1]) == pytest.approx(float(plus - minus) / (2 * step), rel=1e-5)

@@ -51,6 +51,42 @@ def orthonormalizer(centers: torch.Tensor, width: float, radius: float) -> torch
     return torch.from_numpy(scaled @ eigenvectors.T)
 
 
+class _NoSecondDerivative(torch.autograd.Function):
+    """Passes the harmonics' gradients through, tied to the pair vectors so that asking
+    for a second derivative with respect to positions raises instead of silently
+    leaving out the harmonics' curvature."""
+
+    @staticmethod
+    def forward(ctx, gradients: torch.Tensor, edge_vectors: torch.Tensor) -> torch.Tensor:
+        return gradients.view_as(gradients)
+
+    @staticmethod
+    def backward(ctx, *unused):
+        raise RuntimeError(
+            "the training model gives no second derivatives with respect to positions "
+            "(Hessians); use the exported model (atomtrain export), which does"
+        )
+
+
+class _HarmonicsWithCachedGradients(torch.autograd.Function):
+    """Spherical harmonics whose backward is one batched product with their gradients,
+    computed in the forward pass (sphericart's own backward computes them again and
+    contracts with a broadcast multiply). Force training differentiates this backward
+    again with respect to the incoming gradient only, which it supports."""
+
+    @staticmethod
+    def forward(ctx, edge_vectors: torch.Tensor, calculator: torch.nn.Module) -> torch.Tensor:
+        values, gradients = calculator.compute_with_gradients(edge_vectors)
+        ctx.save_for_backward(edge_vectors, gradients)
+        return values
+
+    @staticmethod
+    def backward(ctx, grad_values: torch.Tensor):
+        edge_vectors, gradients = ctx.saved_tensors
+        gradients = _NoSecondDerivative.apply(gradients, edge_vectors)
+        return torch.bmm(gradients, grad_values.unsqueeze(2)).squeeze(2), None
+
+
 def neighbor_sums(
     radial: torch.Tensor, angular: torch.Tensor, target: torch.Tensor, n_targets: int
 ) -> torch.Tensor:
@@ -137,12 +173,26 @@ class SoapPowerSpectrum(torch.nn.Module):
         radial = gaussian_radial_basis(distances, self.centers, self.radial_width)
         radial = radial @ self.radial_transform
         radial = radial * cosine_cutoff(distances, self.cutoff, self.cutoff_width).unsqueeze(1)
-        angular = self.spherical_harmonics(edge_vectors)
+        angular = self.angular(edge_vectors)
         target = pair_first * self.n_elements + neighbor_element
         n_lm = (self.max_angular + 1) * (self.max_angular + 1)
         density = neighbor_sums(radial, angular, target, n_atoms * self.n_elements)
         density = density.reshape(n_atoms, self.n_elements * self.n_radial, n_lm)
         return self.power_spectrum(density)
+
+    def angular(self, edge_vectors: torch.Tensor) -> torch.Tensor:
+        """Spherical harmonics of the pair vectors. The exported (TorchScript) model uses
+        sphericart's autograd, exact to all orders; in Python, where training runs, the
+        faster first-derivative path of _HarmonicsWithCachedGradients."""
+        if torch.jit.is_scripting():
+            return self.spherical_harmonics(edge_vectors)
+        return self.angular_for_training(edge_vectors)
+
+    @torch.jit.unused
+    def angular_for_training(self, edge_vectors: torch.Tensor) -> torch.Tensor:
+        if not (torch.is_grad_enabled() and edge_vectors.requires_grad):
+            return self.spherical_harmonics(edge_vectors)
+        return _HarmonicsWithCachedGradients.apply(edge_vectors, self.spherical_harmonics)
 
     def power_spectrum(self, density: torch.Tensor) -> torch.Tensor:
         """[atoms, channels, lm] -> [atoms, (l, channel pair c <= c') flattened]."""
