@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from atomtrain.distributed.context import core_share
 from atomtrain.distributed.env import detect_launch, slurm_port
 from atomtrain.errors import DistributedError
 
@@ -124,3 +125,13 @@ def test_cpu_threads_are_shared_among_local_processes():
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
     )
     assert result.stdout.strip() == "True"
+
+
+def test_local_processes_get_equal_disjoint_core_shares():
+    cores = [0, 1, 2, 3, 4, 5, 6, 7]
+    shares = [core_share(cores, rank, 4) for rank in range(4)]
+    assert shares == [{0, 1}, {2, 3}, {4, 5}, {6, 7}]
+    assert [core_share([4, 9, 5], rank, 2) for rank in range(2)] == [{4}, {5}]
+    # alone, or more processes than cores: no binding beyond what was given
+    assert core_share(cores, 0, 1) == set(cores)
+    assert core_share([3], 1, 2) == {3}
