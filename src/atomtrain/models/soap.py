@@ -63,8 +63,10 @@ class _NoSecondDerivative(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *unused):
         raise RuntimeError(
-            "the training model gives no second derivatives with respect to positions "
-            "(Hessians); use the exported model (atomtrain export), which does"
+            "the training model gives no second derivatives with respect to positions: "
+            "differentiate a loss on forces or stress with respect to the parameters "
+            "only (loss.backward(inputs=list(model.parameters()))); for Hessians use "
+            "the exported model (atomtrain export)"
         )
 
 
