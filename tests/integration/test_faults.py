@@ -229,7 +229,7 @@ def test_non_finite_loss_stops_all_ranks_with_one_message(tmp_path):
     )
     results = finish(start_ranks(train_command(options, tmp_path / "run")), limit=100)
     (code0, _, error0), (code1, _, error1) = results
-    assert code0 == code1 == 2
+    assert code0 == code1 == 2, (code0, code1, error0[-1500:], error1[-1500:])
     assert "the loss became NaN or infinite" in error0
     assert error1.strip() == ""
 

@@ -23,7 +23,7 @@ from ..training.outputs import (
     newest_run_directory,
     setup_logging,
 )
-from ..training.stopping import CollectiveError, TrainingStopped
+from ..training.stopping import CollectiveError
 from .export import check_output_path
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -201,7 +201,9 @@ def run(arguments: argparse.Namespace) -> int:
         )
         train(options, context, run_state, seed)
         return 0
-    except TrainingStopped:
+    except CollectiveError:
+        # every rank raised it at the same step: they leave together (finally), as after
+        # a normal end; tearing down alone while a peer still does can abort that peer
         raise
     except BaseException as error:
         failed = True
