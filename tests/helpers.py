@@ -38,9 +38,11 @@ def structure_from_atoms(atoms: ase.Atoms) -> Structure:
     )
 
 
-def run_model(model, structures, forces=True, stress=False, dtype=torch.float64):
+def run_model(
+    model, structures, forces=True, stress=False, dtype=torch.float64, create_graph=False
+):
     batch = collate(structures, model.cutoff).to("cpu", dtype)
-    return predict(model, batch, forces, stress)
+    return predict(model, batch, forces, stress, create_graph)
 
 
 def read(path, **keys):

@@ -17,7 +17,6 @@ from atomtrain.models.composition import (
 )
 from atomtrain.models.export import export, load_exported
 from atomtrain.models.soap import neighbor_sums
-from atomtrain.training.evaluation import predict
 
 from helpers import run_model, small_model, structure_from_atoms
 
@@ -224,8 +223,7 @@ def test_atoms_without_neighbors_feel_no_force():
 
 
 def force_and_stress_loss(model, structures):
-    batch = collate(structures, model.cutoff).to("cpu", torch.float64)
-    outputs = predict(model, batch, True, True, create_graph=True)
+    outputs = run_model(model, structures, stress=True, create_graph=True)
     return (outputs["forces"] ** 2).sum() + 1e3 * (outputs["stress"] ** 2).sum()
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import random
 
+import ase.build
 import pytest
 
-from atomtrain.data.sampler import balanced_shard, epoch_order, global_batches
+from atomtrain.data.neighbors import pair_count
+from atomtrain.data.sampler import balanced_shard, epoch_order, global_batches, shard_by_work
+
+from helpers import structure_from_atoms
 
 
 def test_epoch_order_is_a_seeded_permutation():
@@ -40,3 +44,17 @@ def test_one_rank_gets_the_batch_unchanged_and_short_batches_leave_ranks_empty()
     assert balanced_shard([5, 2, 9], [10, 30, 20], 0, 1) == [5, 2, 9]
     parts = [balanced_shard([7], [12], rank, 3) for rank in range(3)]
     assert parts == [[7], [], []]
+
+
+def test_shard_by_work_deals_by_neighbor_pairs():
+    sizes = [(1, 1, 1), (2, 2, 2), (1, 1, 2), (1, 1, 1)]
+    structures = [structure_from_atoms(ase.build.bulk("Si", cubic=True) * size) for size in sizes]
+    indices = [3, 1, 0, 2]
+    assert shard_by_work(structures, indices, 4.0, 0, 1) == indices
+    assert not structures[0].neighbor_lists  # one rank: no pairs counted
+    parts = [shard_by_work(structures, indices, 4.0, rank, 2) for rank in range(2)]
+    pairs = [pair_count(structure, 4.0) for structure in structures]
+    assert parts == [
+        balanced_shard(indices, [pairs[index] for index in indices], rank, 2) for rank in range(2)
+    ]
+    assert parts[0] == [1]  # the 64-atom cell outweighs the three others together

@@ -44,6 +44,5 @@ def neighbor_list(structure: Structure, cutoff: float) -> NeighborList:
 
 
 def pair_count(structure: Structure, cutoff: float) -> int:
-    """Neighbor pairs of ``structure``: the measure of its share of a step's work used
-    to deal batches to ranks (it predicts step time better than the atom count)."""
+    """Neighbor pairs of ``structure`` (at least one), the measure of its work."""
     return max(int(neighbor_list(structure, cutoff).first.numel()), 1)

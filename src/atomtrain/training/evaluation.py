@@ -7,8 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from ..data.batch import Batch, collate
-from ..data.neighbors import pair_count
-from ..data.sampler import balanced_shard
+from ..data.sampler import shard_by_work
 from ..data.system import Structure
 from ..distributed import Context
 from .metrics import MetricSums
@@ -62,8 +61,8 @@ def metric_sums(
     if not structures:
         return sums.values
     cutoff = float(model.cutoff)
-    sizes = [pair_count(structure, cutoff) for structure in structures]
-    indices = balanced_shard(list(range(len(structures))), sizes, context.rank, context.world_size)
+    everything = list(range(len(structures)))
+    indices = shard_by_work(structures, everything, cutoff, context.rank, context.world_size)
     forces = structures[0].forces is not None
     stress = all(structure.stress is not None for structure in structures)
     for _, batch in local_batches(structures, indices, batch_size, cutoff):

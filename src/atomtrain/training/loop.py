@@ -20,14 +20,7 @@ import torch
 import tqdm
 
 from ..data.batch import collate, empty_batch
-from ..data.neighbors import pair_count
-from ..data.sampler import (
-    balanced_shard,
-    epoch_order,
-    global_batches,
-    shard,
-    steps_per_epoch,
-)
+from ..data.sampler import epoch_order, global_batches, shard, shard_by_work, steps_per_epoch
 from ..data.system import Structure
 from ..distributed import Context
 from ..models.composition import composition_counts, normal_equation_sums, solve_baseline
@@ -247,8 +240,9 @@ class Trainer:
         for step in range(start_step, len(batches)):
             global_batch = batches[step]
             counts = global_counts(training, global_batch)
-            sizes = [pair_count(training[index], self.model.cutoff) for index in global_batch]
-            mine = balanced_shard(global_batch, sizes, context.rank, context.world_size)
+            mine = shard_by_work(
+                training, global_batch, self.model.cutoff, context.rank, context.world_size
+            )
             local = [training[index] for index in mine]
             batch = (
                 collate(local, self.model.cutoff)
