@@ -4,7 +4,7 @@
 
 Phases: data (collating cached neighbor lists into a flat batch), features (pair
 vectors, radial and angular basis, density, power spectrum), networks (LayerNorm and
-per-element MLPs, energy sum), forces (autograd of the energy with create_graph),
+per-element MLPs), forces (energy sum and its autograd with create_graph),
 backward (loss gradient through all of it), optimizer (Adam). Communication is zero in
 one process; with several, one all-reduce of the gradients follows the backward pass.
 """
@@ -21,7 +21,9 @@ import torch
 from atomtrain.data import collate, read_structures
 from atomtrain.models import SoapBpnn
 from atomtrain.options import LossOptions
-from atomtrain.training.losses import GlobalCounts, batch_loss
+from atomtrain.training.evaluation import predict
+from atomtrain.training.loop import global_counts
+from atomtrain.training.losses import batch_loss
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +44,15 @@ def main() -> None:
     parameters = list(model.parameters())
     timings: dict[str, float] = defaultdict(float)
 
+    # the model itself runs; its sub-modules' hooks mark where each phase ends
+    marks: dict[str, float] = {}
+
+    def mark(name):
+        return lambda *_: marks.__setitem__(name, time.perf_counter())
+
+    model.soap.register_forward_hook(mark("features"))
+    model.networks.register_forward_hook(mark("networks"))
+
     def lap(name, start):
         now = time.perf_counter()
         timings[name] += now - start
@@ -54,40 +65,11 @@ def main() -> None:
         start = time.perf_counter()
         batch = collate(chosen, model.cutoff).to("cpu", torch.float32)
         start = lap("data", start)
-        positions = batch.positions.detach().requires_grad_(True)
-        strain = torch.zeros_like(batch.cell, requires_grad=stress)
-        symmetric = 0.5 * (strain + strain.transpose(1, 2))
-        moved = positions + torch.bmm(
-            positions.unsqueeze(1), symmetric[batch.system_index]
-        ).squeeze(1)
-        cell = batch.cell + torch.bmm(batch.cell, symmetric)
-        pair_cell = cell[batch.system_index[batch.pair_first]]
-        vectors = (
-            moved[batch.pair_second]
-            - moved[batch.pair_first]
-            + torch.bmm(batch.cell_shifts.unsqueeze(1), pair_cell).squeeze(1)
-        )
-        element = model.type_to_index[batch.atomic_numbers]
-        features = model.soap(
-            vectors, batch.pair_first, element[batch.pair_second], positions.shape[0]
-        )
-        start = lap("features", start)
-        atomic = model.networks(model.layernorm(features), element).double() * model.scale
-        atomic = atomic + model.baseline[element]
-        energy = torch.zeros(batch.n_structures, dtype=torch.float64).index_add(
-            0, batch.system_index, atomic
-        )
-        start = lap("networks", start)
-        inputs = [positions, strain] if stress else [positions]
-        gradients = torch.autograd.grad(energy.sum(), inputs, create_graph=True)
-        predictions = {"energy": energy, "forces": -gradients[0]}
-        if stress:
-            volume = torch.linalg.det(batch.cell).abs().reshape(-1, 1, 1)
-            predictions["stress"] = gradients[1] / volume
-        start = lap("forces", start)
-        counts = GlobalCounts(
-            batch.n_structures, 3 * int(batch.n_atoms.sum()), 9 * batch.n_structures
-        )
+        predictions = predict(model, batch, True, stress, create_graph=True)
+        timings["features"] += marks["features"] - start
+        timings["networks"] += marks["networks"] - marks["features"]
+        start = lap("forces", marks["networks"])
+        counts = global_counts(chosen, list(range(len(chosen))))
         loss = batch_loss(predictions, batch, LossOptions(), counts)
         optimizer.zero_grad()
         loss.backward(inputs=parameters)
