@@ -33,7 +33,9 @@ class SoapOptions(Strict):
     cutoff: CutoffOptions = CutoffOptions()
     """Where and how smoothly the atomic environment ends."""
     max_radial: Annotated[int, Field(ge=0)] = 7
-    """Highest radial index; the radial basis has max_radial + 1 functions."""
+    """Highest radial index: the radial basis (Laplacian eigenstates, as in metatrain) has
+    max_radial + 1 functions for l = 0 and fewer, smoother ones for higher l (those whose
+    eigenvalue is at most that of l = 0, n = max_radial)."""
     max_angular: Annotated[int, Field(ge=0)] = 6
     """Highest angular momentum l of the spherical harmonics."""
 
@@ -60,7 +62,9 @@ class LossWeights(Strict):
     forces: Annotated[float, Field(ge=0)] = 1.0
     """Weight of the force loss (per force component)."""
     stress: Annotated[float, Field(ge=0)] = 1.0
-    """Weight of the stress loss (per stress component)."""
+    """Weight of the stress loss (per stress component). The loss is taken on the virial
+    per atom, stress times volume over the number of atoms (eV/atom), so that it weighs
+    like the per-atom energy whatever the cell size; metrics report the stress itself."""
 
 
 class LossOptions(Strict):

@@ -16,7 +16,7 @@ from atomtrain.models.composition import (
     solve_baseline,
 )
 from atomtrain.models.export import export, load_exported
-from atomtrain.models.soap import neighbor_sums
+from atomtrain.models.soap import LaplacianEigenstates, SoapPowerSpectrum, neighbor_sums
 
 from helpers import run_model, small_model, structure_from_atoms
 
@@ -209,12 +209,43 @@ def test_padded_neighbor_sums_equal_scattered_outer_products(n_pairs):
     generator = torch.Generator().manual_seed(n_pairs)
     n_targets = 7  # some targets receive no pair at all
     target = torch.randint(0, n_targets - 2, (n_pairs,), generator=generator)
-    radial = torch.randn(n_pairs, 4, generator=generator, dtype=torch.float64)
-    angular = torch.randn(n_pairs, 9, generator=generator, dtype=torch.float64)
-    expected = torch.zeros(n_targets, 4, 9, dtype=torch.float64).index_add(
-        0, target, radial.unsqueeze(2) * angular.unsqueeze(1)
+    radial = torch.randn(n_pairs, 3, 4, generator=generator, dtype=torch.float64)
+    angular = torch.randn(n_pairs, 3, 5, generator=generator, dtype=torch.float64)
+    expected = torch.zeros(n_targets, 3, 4, 5, dtype=torch.float64).index_add(
+        0, target, radial.unsqueeze(3) * angular.unsqueeze(2)
     )
     assert torch.allclose(neighbor_sums(radial, angular, target, n_targets), expected)
+
+
+def test_laplacian_eigenstates_are_orthonormal_bessel_functions_trimmed_by_eigenvalue():
+    basis = LaplacianEigenstates(cutoff=5.0, max_radial=7, max_angular=6)
+    # zeros of j_l: j_0 at multiples of pi, and the tabulated first zeros of j_1 and j_6
+    assert np.allclose(basis.zeros[0], np.pi * np.arange(1, 9))
+    assert np.isclose(basis.zeros[1, 0], 4.493409457909064)
+    assert np.isclose(basis.zeros[6, 0], 10.512835408093999)
+    # kept: eigenvalues (z / rc)^2 up to that of l = 0, n = 7
+    assert basis.n_per_l == [int(np.sum(row <= 8 * np.pi + 1e-9)) for row in basis.zeros]
+    assert basis.n_per_l[0] == 8 and basis.n_per_l[-1] < 8
+    grid = np.linspace(0.0, 5.0, 20001)
+    values, derivatives = basis.values_and_derivatives(grid)
+    for angular_l, count in enumerate(basis.n_per_l):
+        functions = values[:, angular_l, :count]
+        products = functions[:, :, None] * functions[:, None, :]
+        overlap = np.trapezoid(grid[:, None, None] ** 2 * products, grid, axis=0)
+        assert np.allclose(overlap, np.eye(count), atol=1e-6)
+        assert np.all(values[:, angular_l, count:] == 0)
+    assert np.allclose(np.gradient(values, grid, axis=0)[1:-1], derivatives[1:-1], atol=2e-3)
+
+
+def test_radial_spline_matches_the_bessel_functions_and_their_derivatives():
+    soap = SoapPowerSpectrum(2, 5.0, 0.5, 7, 6)
+    basis = LaplacianEigenstates(5.0, 7, 6)
+    distances = torch.linspace(0.0, 5.0, 1237, dtype=torch.float64, requires_grad=True)
+    splined = soap.radial(distances)
+    values, derivatives = basis.values_and_derivatives(distances.detach().numpy())
+    assert np.allclose(splined.detach().numpy(), values.reshape(1237, -1), atol=1e-7)
+    (gradient,) = torch.autograd.grad(splined.sum(), distances)
+    assert np.allclose(gradient.numpy(), derivatives.reshape(1237, -1).sum(1), atol=1e-4)
 
 
 def test_atoms_without_neighbors_feel_no_force():

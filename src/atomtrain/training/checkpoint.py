@@ -13,7 +13,7 @@ from ..io import atomic_write
 from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
 
 # 2: SOAP buffers changed (one upper-triangle index, spread and normalisation buffers)
-FORMAT = "atomtrain-checkpoint-2"
+FORMAT = "atomtrain-checkpoint-3"
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

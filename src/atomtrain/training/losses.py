@@ -30,6 +30,15 @@ def elementwise(kind: str, difference: torch.Tensor, huber_delta: float) -> torc
     )
 
 
+def volume_per_atom(batch: Batch) -> torch.Tensor:
+    """[structures, 1, 1]: turns a stress error into one of the virial per atom (eV/atom),
+    which weighs like the energy per atom whatever the cell size (metatrain's convention
+    too); a stress error in eV/A^3 is some 20 times smaller for silicon, and strained
+    cells were learnt poorly on it."""
+    volume = torch.abs(torch.linalg.det(batch.cell)) / batch.n_atoms
+    return volume.reshape(-1, 1, 1).to(batch.cell.dtype)
+
+
 def batch_loss(
     predictions: dict[str, torch.Tensor],
     batch: Batch,
@@ -47,7 +56,7 @@ def batch_loss(
         term = elementwise(options.type, difference, options.huber_delta).sum()
         loss = loss + weights.forces * term / max(counts.force_components, 1)
     if batch.stress is not None and "stress" in predictions:
-        difference = predictions["stress"] - batch.stress
+        difference = (predictions["stress"] - batch.stress) * volume_per_atom(batch)
         term = elementwise(options.type, difference, options.huber_delta).sum()
         loss = loss + weights.stress * term / max(counts.stress_components, 1)
     return loss

@@ -1,0 +1,49 @@
+"""The training loss: per-atom energy, force components, and stress as virial per atom."""
+
+from __future__ import annotations
+
+import ase.build
+import pytest
+import torch
+
+from atomtrain.data import collate
+from atomtrain.options import LossOptions
+from atomtrain.training.losses import GlobalCounts, batch_loss
+
+from helpers import structure_from_atoms
+
+
+def labelled_silicon(repeat: tuple[int, int, int]):
+    atoms = ase.build.bulk("Si", "diamond", a=5.43, cubic=True).repeat(repeat)
+    structure = structure_from_atoms(atoms)
+    structure.energy = -5.0 * structure.n_atoms
+    structure.forces = torch.zeros((structure.n_atoms, 3), dtype=torch.float64)
+    structure.stress = torch.zeros((3, 3), dtype=torch.float64)
+    return structure
+
+
+def loss_of_stress_error(structure, error: torch.Tensor) -> float:
+    batch = collate([structure], 3.0)
+    assert batch.energy is not None and batch.forces is not None
+    predictions = {
+        "energy": batch.energy.clone(),
+        "forces": batch.forces.clone(),
+        "stress": error.reshape(1, 3, 3),
+    }
+    counts = GlobalCounts(structures=1, force_components=3 * structure.n_atoms, stress_components=9)
+    return float(batch_loss(predictions, batch, LossOptions(), counts))
+
+
+def test_stress_loss_is_the_squared_virial_per_atom_error():
+    structure = labelled_silicon((1, 1, 1))
+    error = torch.diag(torch.tensor([1e-3, -2e-3, 0.0], dtype=torch.float64))
+    volume_per_atom = structure.volume / structure.n_atoms  # ~20 A^3 for silicon
+    expected = float(((error * volume_per_atom) ** 2).sum()) / 9
+    assert loss_of_stress_error(structure, error) == pytest.approx(expected, rel=1e-12)
+
+
+def test_stress_loss_does_not_depend_on_the_cell_size():
+    error = torch.full((3, 3), 4e-3, dtype=torch.float64)
+    small = loss_of_stress_error(labelled_silicon((1, 1, 1)), error)
+    large = loss_of_stress_error(labelled_silicon((2, 1, 1)), error)
+    assert small > 0 and large == pytest.approx(small, rel=1e-12)
