@@ -207,14 +207,17 @@ def test_collinear_compositions_give_minimum_norm_fit():
 @pytest.mark.parametrize("n_pairs", [0, 1, 40])
 def test_padded_neighbor_sums_equal_scattered_outer_products(n_pairs):
     generator = torch.Generator().manual_seed(n_pairs)
-    n_targets = 7  # some targets receive no pair at all
-    target = torch.randint(0, n_targets - 2, (n_pairs,), generator=generator)
+    n_centers, n_elements = 4, 3  # some (center, element) receive no pair at all
+    center = torch.randint(0, n_centers - 1, (n_pairs,), generator=generator)
+    element = torch.randint(0, n_elements, (n_pairs,), generator=generator)
     radial = torch.randn(n_pairs, 3, 4, generator=generator, dtype=torch.float64)
     angular = torch.randn(n_pairs, 3, 5, generator=generator, dtype=torch.float64)
-    expected = torch.zeros(n_targets, 3, 4, 5, dtype=torch.float64).index_add(
-        0, target, radial.unsqueeze(3) * angular.unsqueeze(2)
+    expected = torch.zeros(n_centers * n_elements, 3, 4, 5, dtype=torch.float64).index_add(
+        0, center * n_elements + element, radial.unsqueeze(3) * angular.unsqueeze(2)
     )
-    assert torch.allclose(neighbor_sums(radial, angular, target, n_targets), expected)
+    expected = expected.reshape(n_centers, n_elements, 3, 4, 5).transpose(1, 2)
+    sums = neighbor_sums(radial, angular, center, element, n_centers, n_elements)
+    assert torch.allclose(sums, expected)
 
 
 def test_laplacian_eigenstates_are_orthonormal_bessel_functions_trimmed_by_eigenvalue():
@@ -246,6 +249,18 @@ def test_radial_spline_matches_the_bessel_functions_and_their_derivatives():
     assert np.allclose(splined.detach().numpy(), values.reshape(1237, -1), atol=1e-7)
     (gradient,) = torch.autograd.grad(splined.sum(), distances)
     assert np.allclose(gradient.numpy(), derivatives.reshape(1237, -1).sum(1), atol=1e-4)
+
+
+def test_cached_radial_derivative_is_that_of_the_spline_times_cutoff():
+    soap = SoapPowerSpectrum(2, 5.0, 0.5, 7, 6).to(torch.float64)
+    distances = torch.linspace(0.3, 5.0, 777, dtype=torch.float64, requires_grad=True)
+    values, derivatives = soap.cut_radial_and_derivative(distances)
+    exact = soap.cut_radial(distances)
+    columns = torch.arange(exact.shape[1], dtype=torch.float64)
+    (gradient,) = torch.autograd.grad((exact * columns).sum(), distances)
+    assert torch.allclose(values, exact) and torch.allclose(
+        (derivatives * columns).sum(1), gradient
+    )
 
 
 def test_atoms_without_neighbors_feel_no_force():

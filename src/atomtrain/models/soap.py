@@ -152,43 +152,71 @@ class _HarmonicsWithCachedGradients(torch.autograd.Function):
         return torch.bmm(gradients, grad_values.unsqueeze(2)).squeeze(2), None
 
 
-def neighbor_sums(
-    radial: torch.Tensor, angular: torch.Tensor, target: torch.Tensor, n_targets: int
-) -> torch.Tensor:
-    """sum over pairs p with target[p] = t of radial[p, l, n] * angular[p, l, m],
-    [t, l, n, m].
+class _RadialWithCachedDerivative(torch.autograd.Function):
+    """Radial functions whose backward is one multiply by their derivative, computed in
+    the forward pass; differentiating the spline and cutoff through autograd builds a
+    graph of a dozen [pairs, l * n] operations that force training walks twice."""
 
-    Pairs are placed in a zero-padded [targets, most pairs per target] layout so that
-    the sum is one batched matrix product over (target, l): its gradients (and their
-    gradients, for force training) are matrix products too, instead of a [pairs, l, n, m]
-    outer product held in memory and scattered.
+    @staticmethod
+    def forward(ctx, distances: torch.Tensor, soap: torch.nn.Module) -> torch.Tensor:
+        values, derivatives = soap.cut_radial_and_derivative(distances)
+        ctx.save_for_backward(distances, derivatives)
+        return values
+
+    @staticmethod
+    def backward(ctx, grad_values: torch.Tensor):
+        distances, derivatives = ctx.saved_tensors
+        derivatives = _NoSecondDerivative.apply(derivatives, distances)
+        return (grad_values * derivatives).sum(1), None
+
+
+def neighbor_sums(
+    radial: torch.Tensor,
+    angular: torch.Tensor,
+    center: torch.Tensor,
+    element: torch.Tensor,
+    n_centers: int,
+    n_elements: int,
+) -> torch.Tensor:
+    """sum over pairs p with center[p] = i and element[p] = a of
+    radial[p, l, n] * angular[p, l, m], as [i, l, a, n, m].
+
+    Each pair is copied, once per l, into a zero-padded [(i, l, a), most pairs per
+    (i, a), ...] layout, so that the sum is one batched matrix product whose output is
+    already in the order the power spectrum wants; its gradients (and theirs, for force
+    training) are matrix products too, instead of a [pairs, l, n, m] outer product held
+    in memory and scattered.
     """
     n_pairs, n_l, n_radial = radial.shape
     n_m = angular.shape[2]
-    counts = torch.bincount(target, minlength=n_targets)
+    target = center * n_elements + element
+    counts = torch.bincount(target, minlength=n_centers * n_elements)
     width = int(counts.max()) if n_pairs > 0 else 1
+    # the slot of each pair among its target's pairs
     order = torch.argsort(target, stable=True)
     first_of_target = torch.cumsum(counts, 0) - counts
-    sorted_target = target.index_select(0, order)
-    slot = torch.arange(n_pairs, device=target.device) - first_of_target.index_select(
-        0, sorted_target
+    sorted_slot = torch.arange(n_pairs, device=target.device) - first_of_target.index_select(
+        0, target.index_select(0, order)
     )
-    flat = sorted_target * width + slot
-    padded_radial = radial.new_zeros((n_targets * width, n_l * n_radial))
-    padded_radial = padded_radial.index_copy(
-        0, flat, radial.reshape(n_pairs, n_l * n_radial).index_select(0, order)
+    slot = torch.empty_like(sorted_slot).index_copy(0, order, sorted_slot)
+    rows = target * width + slot
+    n_rows = n_centers * n_elements * width
+    padded_radial = radial.new_zeros((n_rows, n_l * n_radial)).index_copy(
+        0, rows, radial.reshape(n_pairs, n_l * n_radial)
     )
-    padded_angular = angular.new_zeros((n_targets * width, n_l * n_m))
-    padded_angular = padded_angular.index_copy(
-        0, flat, angular.reshape(n_pairs, n_l * n_m).index_select(0, order)
+    padded_angular = angular.new_zeros((n_rows, n_l * n_m)).index_copy(
+        0, rows, angular.reshape(n_pairs, n_l * n_m)
     )
-    padded_radial = padded_radial.reshape(n_targets, width, n_l, n_radial).permute(0, 2, 3, 1)
-    padded_angular = padded_angular.reshape(n_targets, width, n_l, n_m).transpose(1, 2)
+    # (center, element, slot, l) -> (center, l, element, slot): a copy that moves whole
+    # rows of n (or m) values; the product then reads the radial block transposed
+    padded_radial = padded_radial.reshape(n_centers, n_elements, width, n_l, n_radial)
+    padded_angular = padded_angular.reshape(n_centers, n_elements, width, n_l, n_m)
+    n_batches = n_centers * n_l * n_elements
     sums = torch.bmm(
-        padded_radial.reshape(n_targets * n_l, n_radial, width),
-        padded_angular.reshape(n_targets * n_l, width, n_m),
+        padded_radial.permute(0, 3, 1, 2, 4).reshape(n_batches, width, n_radial).transpose(1, 2),
+        padded_angular.permute(0, 3, 1, 2, 4).reshape(n_batches, width, n_m),
     )
-    return sums.reshape(n_targets, n_l, n_radial, n_m)
+    return sums.reshape(n_centers, n_l, n_elements, n_radial, n_m)
 
 
 class SoapPowerSpectrum(torch.nn.Module):
@@ -247,32 +275,72 @@ class SoapPowerSpectrum(torch.nn.Module):
         n_atoms: int,
     ) -> torch.Tensor:
         distances = torch.linalg.vector_norm(edge_vectors, dim=1)
-        radial = self.radial(distances)
-        radial = radial * cosine_cutoff(distances, self.cutoff, self.cutoff_width).unsqueeze(1)
+        radial = self.radial_with_cutoff(distances)
         angular = self.angular(edge_vectors)
         angular = torch.cat([angular, angular.new_zeros((angular.shape[0], 1))], dim=1)
         n_l, n_m = self.max_angular + 1, 2 * self.max_angular + 1
         angular = angular.index_select(1, self.spread)
-        target = pair_first * self.n_elements + neighbor_element
         density = neighbor_sums(
             radial.reshape(-1, n_l, self.n_radial),
             angular.reshape(-1, n_l, n_m),
-            target,
-            n_atoms * self.n_elements,
+            pair_first,
+            neighbor_element,
+            n_atoms,
+            self.n_elements,
         )
-        density = density.reshape(n_atoms, self.n_elements, n_l, self.n_radial, n_m)
         return self.power_spectrum(density)
+
+    def spline_position(self, distances: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each distance's interval coefficients [pairs, 4, l * n] and its position in
+        the interval, [pairs, 1]."""
+        scaled = distances.clamp(0.0, self.cutoff) * (self.n_spline_intervals / self.cutoff)
+        interval = scaled.detach().floor().clamp(max=self.n_spline_intervals - 1)
+        coefficients = self.radial_spline.index_select(0, interval.to(torch.long))
+        return coefficients, (scaled - interval).unsqueeze(1)
 
     def radial(self, distances: torch.Tensor) -> torch.Tensor:
         """R_nl(r), [pairs, l * n], from the cubic spline (exact derivatives of the
         spline to all orders)."""
-        scaled = distances.clamp(0.0, self.cutoff) * (self.n_spline_intervals / self.cutoff)
-        interval = scaled.detach().floor().clamp(max=self.n_spline_intervals - 1)
-        position = (scaled - interval).unsqueeze(1)
-        coefficients = self.radial_spline.index_select(0, interval.to(torch.long))
+        coefficients, position = self.spline_position(distances)
         return (
             (coefficients[:, 3] * position + coefficients[:, 2]) * position + coefficients[:, 1]
         ) * position + coefficients[:, 0]
+
+    @torch.jit.unused
+    def cut_radial_and_derivative(
+        self, distances: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """R_nl(r) f_c(r) and its derivative with respect to r, without autograd."""
+        with torch.no_grad():
+            coefficients, position = self.spline_position(distances)
+            values = (
+                (coefficients[:, 3] * position + coefficients[:, 2]) * position + coefficients[:, 1]
+            ) * position + coefficients[:, 0]
+            slopes = (3.0 * coefficients[:, 3] * position + 2.0 * coefficients[:, 2]) * position
+            slopes = (slopes + coefficients[:, 1]) * (self.n_spline_intervals / self.cutoff)
+            start = self.cutoff - self.cutoff_width
+            phase = math.pi * ((distances - start) / self.cutoff_width).clamp(0.0, 1.0)
+            cutoff = (0.5 * (1.0 + torch.cos(phase))).unsqueeze(1)
+            cutoff_slope = (-0.5 * math.pi / self.cutoff_width * torch.sin(phase)).unsqueeze(1)
+            return values * cutoff, slopes * cutoff + values * cutoff_slope
+
+    def cut_radial(self, distances: torch.Tensor) -> torch.Tensor:
+        cutoff = cosine_cutoff(distances, self.cutoff, self.cutoff_width)
+        return self.radial(distances) * cutoff.unsqueeze(1)
+
+    def radial_with_cutoff(self, distances: torch.Tensor) -> torch.Tensor:
+        """R_nl(r) f_c(r), [pairs, l * n]; like the harmonics, exact to all orders in the
+        exported model, and in training through the derivative cached in the forward
+        pass (_RadialWithCachedDerivative)."""
+        if torch.jit.is_scripting():
+            return self.cut_radial(distances)
+        return self.radial_for_training(distances)
+
+    @torch.jit.unused
+    def radial_for_training(self, distances: torch.Tensor) -> torch.Tensor:
+        if not (torch.is_grad_enabled() and distances.requires_grad):
+            return self.cut_radial(distances)
+        return _RadialWithCachedDerivative.apply(distances, self)
 
     def angular(self, edge_vectors: torch.Tensor) -> torch.Tensor:
         """Spherical harmonics of the pair vectors. The exported (TorchScript) model uses
@@ -289,11 +357,11 @@ class SoapPowerSpectrum(torch.nn.Module):
         return _HarmonicsWithCachedGradients.apply(edge_vectors, self.spherical_harmonics)
 
     def power_spectrum(self, density: torch.Tensor) -> torch.Tensor:
-        """[atoms, element, l, n, m] -> [atoms, features]: for each l, the products of
+        """[atoms, l, element, n, m] -> [atoms, features]: for each l, the products of
         channels (element, n) summed over m."""
-        n_atoms, n_elements, n_l, n_radial, n_m = density.shape
+        n_atoms, n_l, n_elements, n_radial, n_m = density.shape
         n_channels = n_elements * n_radial
-        blocks = density.transpose(1, 2).reshape(n_atoms * n_l, n_channels, n_m)
+        blocks = density.reshape(n_atoms * n_l, n_channels, n_m)
         products = torch.bmm(blocks, blocks.transpose(1, 2))
         # a gather along the last axis of a 2-d tensor: along the last of three it
         # costs several times more per atom once batches grow past ~100 atoms
