@@ -33,9 +33,10 @@ class SoapOptions(Strict):
     cutoff: CutoffOptions = CutoffOptions()
     """Where and how smoothly the atomic environment ends."""
     max_radial: Annotated[int, Field(ge=0)] = 7
-    """Highest radial index: the radial basis (Laplacian eigenstates, as in metatrain) has
-    max_radial + 1 functions for l = 0 and fewer, smoother ones for higher l (those whose
-    eigenvalue is at most that of l = 0, n = max_radial)."""
+    """Highest radial index. The radial basis is max_radial + 1 spherical Bessel functions
+    j_0(n pi r / cutoff), the l = 0 Laplacian eigenstates of the cutoff sphere; higher l
+    keep fewer of them, trimmed by Laplacian eigenvalue as metatrain's basis is (8, 7, 7,
+    6, 6, 5, 5 for max_radial 7 and max_angular 6)."""
     max_angular: Annotated[int, Field(ge=0)] = 6
     """Highest angular momentum l of the spherical harmonics."""
 

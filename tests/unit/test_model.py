@@ -7,6 +7,7 @@ import ase
 import ase.build
 import numpy as np
 import pytest
+import scipy.special
 import torch
 
 from atomtrain.data import collate
@@ -16,7 +17,13 @@ from atomtrain.models.composition import (
     solve_baseline,
 )
 from atomtrain.models.export import export, load_exported
-from atomtrain.models.soap import LaplacianEigenstates, SoapPowerSpectrum, neighbor_sums
+from atomtrain.models.soap import (
+    SoapPowerSpectrum,
+    neighbor_sums,
+    radial_functions_per_l,
+    spherical_bessel_radial_basis,
+    spherical_bessel_zeros,
+)
 
 from helpers import run_model, small_model, structure_from_atoms
 
@@ -207,60 +214,46 @@ def test_collinear_compositions_give_minimum_norm_fit():
 @pytest.mark.parametrize("n_pairs", [0, 1, 40])
 def test_padded_neighbor_sums_equal_scattered_outer_products(n_pairs):
     generator = torch.Generator().manual_seed(n_pairs)
-    n_centers, n_elements = 4, 3  # some (center, element) receive no pair at all
-    center = torch.randint(0, n_centers - 1, (n_pairs,), generator=generator)
-    element = torch.randint(0, n_elements, (n_pairs,), generator=generator)
-    radial = torch.randn(n_pairs, 3, 4, generator=generator, dtype=torch.float64)
-    angular = torch.randn(n_pairs, 3, 5, generator=generator, dtype=torch.float64)
-    expected = torch.zeros(n_centers * n_elements, 3, 4, 5, dtype=torch.float64).index_add(
-        0, center * n_elements + element, radial.unsqueeze(3) * angular.unsqueeze(2)
+    n_targets = 7  # some targets receive no pair at all
+    target = torch.randint(0, n_targets - 2, (n_pairs,), generator=generator)
+    radial = torch.randn(n_pairs, 4, generator=generator, dtype=torch.float64)
+    angular = torch.randn(n_pairs, 9, generator=generator, dtype=torch.float64)
+    expected = torch.zeros(n_targets, 4, 9, dtype=torch.float64).index_add(
+        0, target, radial.unsqueeze(2) * angular.unsqueeze(1)
     )
-    expected = expected.reshape(n_centers, n_elements, 3, 4, 5).transpose(1, 2)
-    sums = neighbor_sums(radial, angular, center, element, n_centers, n_elements)
-    assert torch.allclose(sums, expected)
+    assert torch.allclose(neighbor_sums(radial, angular, target, n_targets), expected)
 
 
-def test_laplacian_eigenstates_are_orthonormal_bessel_functions_trimmed_by_eigenvalue():
-    basis = LaplacianEigenstates(cutoff=5.0, max_radial=7, max_angular=6)
-    # zeros of j_l: j_0 at multiples of pi, and the tabulated first zeros of j_1 and j_6
-    assert np.allclose(basis.zeros[0], np.pi * np.arange(1, 9))
-    assert np.isclose(basis.zeros[1, 0], 4.493409457909064)
-    assert np.isclose(basis.zeros[6, 0], 10.512835408093999)
-    # kept: eigenvalues (z / rc)^2 up to that of l = 0, n = 7
-    assert basis.n_per_l == [int(np.sum(row <= 8 * np.pi + 1e-9)) for row in basis.zeros]
-    assert basis.n_per_l[0] == 8 and basis.n_per_l[-1] < 8
-    grid = np.linspace(0.0, 5.0, 20001)
-    values, derivatives = basis.values_and_derivatives(grid)
-    for angular_l, count in enumerate(basis.n_per_l):
-        functions = values[:, angular_l, :count]
-        products = functions[:, :, None] * functions[:, None, :]
-        overlap = np.trapezoid(grid[:, None, None] ** 2 * products, grid, axis=0)
-        assert np.allclose(overlap, np.eye(count), atol=1e-6)
-        assert np.all(values[:, angular_l, count:] == 0)
-    assert np.allclose(np.gradient(values, grid, axis=0)[1:-1], derivatives[1:-1], atol=2e-3)
+def test_radial_channels_per_l_are_trimmed_by_laplacian_eigenvalue():
+    zeros = spherical_bessel_zeros(6, 8)
+    # j_0 vanishes at multiples of pi; tabulated first zeros of j_1 and j_6
+    assert np.allclose(zeros[0], np.pi * np.arange(1, 9))
+    assert np.isclose(zeros[1, 0], 4.493409457909064)
+    assert np.isclose(zeros[6, 0], 10.512835408093999)
+    for angular_l in range(7):
+        assert np.all(scipy.special.spherical_jn(angular_l, zeros[angular_l]) < 1e-12)
+    # metatrain's (spex) trimmed Laplacian-eigenstate basis for max_radial 7, max_angular 6
+    assert radial_functions_per_l(7, 6) == [8, 7, 7, 6, 6, 5, 5]
+    assert radial_functions_per_l(0, 3) == [1, 1, 1, 1]
 
 
-def test_radial_spline_matches_the_bessel_functions_and_their_derivatives():
+def test_radial_basis_is_orthonormal_j0_of_the_cutoff_sphere():
+    soap = SoapPowerSpectrum(1, 5.0, 0.5, 7, 6)
+    grid = torch.linspace(0.0, 5.0, 20001, dtype=torch.float64)
+    values = spherical_bessel_radial_basis(grid, soap.wavenumbers, 5.0).numpy()
+    wavenumbers = soap.wavenumbers.numpy()
+    expected = scipy.special.spherical_jn(0, np.outer(grid.numpy(), wavenumbers))
+    assert np.allclose(values / values[:1], expected)
+    products = values[:, :, None] * values[:, None, :]
+    overlap = np.trapezoid(grid.numpy()[:, None, None] ** 2 * products, grid.numpy(), axis=0)
+    assert np.allclose(overlap, np.eye(8), atol=1e-6)
+    assert np.allclose(values[-1], 0.0, atol=1e-12)  # nodes at the cutoff
+
+
+def test_feature_count_follows_the_trimmed_channels():
     soap = SoapPowerSpectrum(2, 5.0, 0.5, 7, 6)
-    basis = LaplacianEigenstates(5.0, 7, 6)
-    distances = torch.linspace(0.0, 5.0, 1237, dtype=torch.float64, requires_grad=True)
-    splined = soap.radial(distances)
-    values, derivatives = basis.values_and_derivatives(distances.detach().numpy())
-    assert np.allclose(splined.detach().numpy(), values.reshape(1237, -1), atol=1e-7)
-    (gradient,) = torch.autograd.grad(splined.sum(), distances)
-    assert np.allclose(gradient.numpy(), derivatives.reshape(1237, -1).sum(1), atol=1e-4)
-
-
-def test_cached_radial_derivative_is_that_of_the_spline_times_cutoff():
-    soap = SoapPowerSpectrum(2, 5.0, 0.5, 7, 6).to(torch.float64)
-    distances = torch.linspace(0.3, 5.0, 777, dtype=torch.float64, requires_grad=True)
-    values, derivatives = soap.cut_radial_and_derivative(distances)
-    exact = soap.cut_radial(distances)
-    columns = torch.arange(exact.shape[1], dtype=torch.float64)
-    (gradient,) = torch.autograd.grad((exact * columns).sum(), distances)
-    assert torch.allclose(values, exact) and torch.allclose(
-        (derivatives * columns).sum(1), gradient
-    )
+    channels = [2 * count for count in radial_functions_per_l(7, 6)]
+    assert soap.n_features == sum(c * (c + 1) // 2 for c in channels)
 
 
 def test_atoms_without_neighbors_feel_no_force():
