@@ -61,7 +61,9 @@ def main() -> None:
     for structure in structures:  # neighbor lists are computed once, before training
         collate([structure], model.cutoff)
     for step in range(arguments.steps):
-        chosen = structures[step * arguments.batch_size : (step + 1) * arguments.batch_size]
+        # cycle through the data when it holds fewer than steps x batch structures
+        first = (step * arguments.batch_size) % len(structures)
+        chosen = (structures + structures)[first : first + arguments.batch_size]
         start = time.perf_counter()
         batch = collate(chosen, model.cutoff).to("cpu", torch.float32)
         start = lap("data", start)

@@ -13,6 +13,7 @@ from ..io import atomic_write
 from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
 
 # 2: SOAP buffers changed (one upper-triangle index, spread and normalisation buffers)
+# 3: spherical Bessel radial basis, trimmed channels (wavenumbers and selected buffers)
 FORMAT = "atomtrain-checkpoint-3"
 
 
