@@ -7,6 +7,7 @@ import ase
 import ase.build
 import numpy as np
 import pytest
+import scipy.integrate
 import scipy.special
 import torch
 
@@ -245,7 +246,8 @@ def test_radial_basis_is_orthonormal_j0_of_the_cutoff_sphere():
     expected = scipy.special.spherical_jn(0, np.outer(grid.numpy(), wavenumbers))
     assert np.allclose(values / values[:1], expected)
     products = values[:, :, None] * values[:, None, :]
-    overlap = np.trapezoid(grid.numpy()[:, None, None] ** 2 * products, grid.numpy(), axis=0)
+    radii = grid.numpy()
+    overlap = scipy.integrate.trapezoid(radii[:, None, None] ** 2 * products, radii, axis=0)
     assert np.allclose(overlap, np.eye(8), atol=1e-6)
     assert np.allclose(values[-1], 0.0, atol=1e-12)  # nodes at the cutoff
 
