@@ -254,24 +254,15 @@ def main() -> None:
     arguments = parser.parse_args()
     mtt = ensure_metatrain()
     rows = []
+    n_train = arguments.structures - validation_size(arguments.structures)
     for name in arguments.datasets:
-        results = {}
-        for tool in ("metatrain", "atomtrain"):  # alternate, same inputs
-            directory = arguments.workdir / name / tool
-            directory.mkdir(parents=True, exist_ok=True)
-            options = write_inputs(
-                directory, name, arguments.structures, arguments.epochs, arguments.batch_size
-            )
-            n_train = arguments.structures - validation_size(arguments.structures)
-            results[tool] = train(tool, mtt, options, arguments.threads, n_train)
-            results[tool].update(final_validation_errors(tool, directory))
-            results[tool]["eval_structures_per_s"] = evaluate(
-                tool, mtt, directory, directory / f"{name}.xyz", arguments.threads
-            )
-            print(name, tool, {k: round(v, 2) for k, v in results[tool].items()}, flush=True)
-        for seed in range(1, arguments.seeds):
-            for tool in ("metatrain", "atomtrain"):
-                directory = arguments.workdir / name / tool / f"seed{seed}"
+        results: dict[str, dict] = {"metatrain": {}, "atomtrain": {}}
+        errors: dict[str, list[dict]] = {"metatrain": [], "atomtrain": []}
+        for seed in range(arguments.seeds):
+            for tool in ("metatrain", "atomtrain"):  # alternate, same inputs
+                directory = arguments.workdir / name / tool
+                if seed > 0:
+                    directory = directory / f"seed{seed}"
                 directory.mkdir(parents=True, exist_ok=True)
                 options = write_inputs(
                     directory,
@@ -281,19 +272,23 @@ def main() -> None:
                     arguments.batch_size,
                     seed,
                 )
-                train(tool, mtt, options, arguments.threads, 1)
-                errors = final_validation_errors(tool, directory)
-                for key, value in errors.items():
-                    results[tool][f"{key}_seed{seed}"] = value
-                print(name, tool, f"seed {seed}", {k: round(v, 2) for k, v in errors.items()})
-        rows.append((name, results))
+                measured = train(tool, mtt, options, arguments.threads, n_train)
+                errors[tool].append(final_validation_errors(tool, directory))
+                if seed == 0:  # speed from the first seed only
+                    results[tool] = measured
+                    results[tool]["eval_structures_per_s"] = evaluate(
+                        tool, mtt, directory, directory / f"{name}.xyz", arguments.threads
+                    )
+                shown = {**(measured if seed == 0 else {}), **errors[tool][-1]}
+                print(name, tool, f"seed {seed}", {k: round(v, 2) for k, v in shown.items()})
+        rows.append((name, results, errors))
     keys = ["train_structures_per_s", "eval_structures_per_s", "peak_rss_mib", "first_epoch_s"]
     print(
         f"\n{arguments.structures} structures, {arguments.epochs} epochs, batch "
         f"{arguments.batch_size}, {arguments.threads} threads, float32"
     )
     print(f"{'data':<10}" + "".join(f"{key:>24}" for key in keys))
-    for name, results in rows:
+    for name, results, _ in rows:
         ratios = [results["atomtrain"][key] / results["metatrain"][key] for key in keys]
         print(f"{name:<10}" + "".join(f"{ratio:>24.2f}" for ratio in ratios))
     print(
@@ -305,13 +300,11 @@ def main() -> None:
         f"seeds 0..{arguments.seeds - 1} and their mean"
     )
     print(f"{'data':<10}{'tool':<11}{'E RMSE (meV/atom)':>34}{'F RMSE (meV/A)':>34}")
-    for name, results in rows:
+    for name, _, errors in rows:
         for tool in ("metatrain", "atomtrain"):
             cells = []
             for key in ("validation_energy_rmse_mev_per_atom", "validation_forces_rmse_mev_per_a"):
-                values = [results[tool][key]] + [
-                    results[tool][f"{key}_seed{seed}"] for seed in range(1, arguments.seeds)
-                ]
+                values = [seed_errors[key] for seed_errors in errors[tool]]
                 listed = " ".join(f"{value:.1f}" for value in values)
                 cells.append(f"{listed} | {sum(values) / len(values):.2f}")
             print(f"{name:<10}{tool:<11}" + "".join(f"{cell:>34}" for cell in cells))
