@@ -62,8 +62,11 @@ def main() -> None:
         collate([structure], model.cutoff)
     for step in range(arguments.steps):
         # cycle through the data when it holds fewer than steps x batch structures
-        first = (step * arguments.batch_size) % len(structures)
-        chosen = (structures + structures)[first : first + arguments.batch_size]
+        first = step * arguments.batch_size
+        chosen = [
+            structures[index % len(structures)]
+            for index in range(first, first + arguments.batch_size)
+        ]
         start = time.perf_counter()
         batch = collate(chosen, model.cutoff).to("cpu", torch.float32)
         start = lap("data", start)

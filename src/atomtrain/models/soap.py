@@ -153,7 +153,6 @@ class SoapPowerSpectrum(torch.nn.Module):
         self.max_angular = max_angular
         wavenumbers = torch.arange(1, self.n_radial + 1, dtype=torch.float64) * (math.pi / cutoff)
         self.register_buffer("wavenumbers", wavenumbers)
-        self.n_per_l = radial_functions_per_l(max_radial, max_angular)
         self.spherical_harmonics = sphericart.torch.SphericalHarmonics(max_angular)
         # Each l block of the density (2l + 1 values of m) is spread over 2 max_angular + 1
         # columns, zeros after its own, so that all l are one batched matrix product; the
@@ -172,7 +171,7 @@ class SoapPowerSpectrum(torch.nn.Module):
         # overlap gives it (measured better on silicon forces; docs/performance.md).
         n_channels = n_elements * self.n_radial
         selected: list[int] = []
-        for angular_l, count in enumerate(self.n_per_l):
+        for angular_l, count in enumerate(radial_functions_per_l(max_radial, max_angular)):
             kept = [c for c in range(n_channels) if c % self.n_radial < count]
             for position, first in enumerate(kept):
                 for second in kept[position:]:
