@@ -26,11 +26,12 @@ def cosine_cutoff(distances: torch.Tensor, radius: float, width: float) -> torch
 def spherical_bessel_radial_basis(
     distances: torch.Tensor, wavenumbers: torch.Tensor, cutoff: float
 ) -> torch.Tensor:
-    """R_n(r) = j_0(k_n r) normalised to 1 under r^2 dr on [0, cutoff], k_n = (n + 1) pi
-    / cutoff: the l = 0 eigenstates of the Laplacian in the cutoff sphere. sinc keeps
-    every derivative finite down to r = 0."""
-    scaled = distances.unsqueeze(1) * (wavenumbers / math.pi)
-    return torch.sinc(scaled) * (wavenumbers * math.sqrt(2.0 / cutoff))
+    """R_n(r) = j_0(k_n r) = sin(k_n r) / (k_n r) normalised to 1 under r^2 dr on
+    [0, cutoff], k_n = (n + 1) pi / cutoff: the l = 0 eigenstates of the Laplacian in
+    the cutoff sphere. Written out rather than through torch.sinc (10x slower): the
+    distances of neighbor pairs are never zero."""
+    scaled = distances.unsqueeze(1) * wavenumbers
+    return torch.sin(scaled) / scaled * (wavenumbers * math.sqrt(2.0 / cutoff))
 
 
 def _bessel_of_order(x: float, order: int) -> float:
@@ -68,13 +69,14 @@ def radial_functions_per_l(max_radial: int, max_angular: int) -> list[int]:
 
 
 class _NoSecondDerivative(torch.autograd.Function):
-    """Passes the harmonics' gradients through, tied to the pair vectors so that asking
-    for a second derivative with respect to positions raises instead of silently
-    leaving out the harmonics' curvature."""
+    """Zero, tied to the pair vectors: added to the harmonics' backward, it makes asking
+    for a second derivative with respect to positions raise instead of silently leaving
+    out the harmonics' curvature. Training's backward (to the parameters only) never
+    reaches it."""
 
     @staticmethod
-    def forward(ctx, gradients: torch.Tensor, edge_vectors: torch.Tensor) -> torch.Tensor:
-        return gradients.view_as(gradients)
+    def forward(ctx, edge_vectors: torch.Tensor) -> torch.Tensor:
+        return edge_vectors.new_zeros(())
 
     @staticmethod
     def backward(ctx, *unused):
@@ -84,6 +86,25 @@ class _NoSecondDerivative(torch.autograd.Function):
             "only (loss.backward(inputs=list(model.parameters()))); for Hessians use "
             "the exported model (atomtrain export)"
         )
+
+
+class _ContractWithGradients(torch.autograd.Function):
+    """sum over lm of gradients[p, c, lm] * incoming[p, lm], [pairs, 3]: the gradient
+    with respect to the pair vectors. Its own derivative with respect to ``incoming``
+    (what force training needs) is three multiply-adds of [pairs, lm] slices, 2x faster
+    than the batched product of thousands of 49 x 3 matrices autograd would use."""
+
+    @staticmethod
+    def forward(ctx, gradients: torch.Tensor, incoming: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gradients)
+        return torch.bmm(gradients, incoming.unsqueeze(2)).squeeze(2)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        (gradients,) = ctx.saved_tensors
+        result = gradients[:, 0] * grad_output[:, 0:1]
+        result = torch.addcmul(result, gradients[:, 1], grad_output[:, 1:2])
+        return None, torch.addcmul(result, gradients[:, 2], grad_output[:, 2:3])
 
 
 class _HarmonicsWithCachedGradients(torch.autograd.Function):
@@ -101,8 +122,8 @@ class _HarmonicsWithCachedGradients(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_values: torch.Tensor):
         edge_vectors, gradients = ctx.saved_tensors
-        gradients = _NoSecondDerivative.apply(gradients, edge_vectors)
-        return torch.bmm(gradients, grad_values.unsqueeze(2)).squeeze(2), None
+        contracted = _ContractWithGradients.apply(gradients, grad_values)
+        return contracted + _NoSecondDerivative.apply(edge_vectors), None
 
 
 def neighbor_sums(
@@ -117,17 +138,17 @@ def neighbor_sums(
     """
     counts = torch.bincount(target, minlength=n_targets)
     width = int(counts.max()) if target.numel() > 0 else 1
+    # each pair's slot among the pairs of its target, in their order
     order = torch.argsort(target, stable=True)
     first_of_target = torch.cumsum(counts, 0) - counts
-    sorted_target = target.index_select(0, order)
-    slot = torch.arange(target.numel(), device=target.device) - first_of_target.index_select(
-        0, sorted_target
-    )
-    flat = sorted_target * width + slot
+    slot = torch.empty_like(target)
+    slot[order] = torch.arange(target.numel(), device=target.device) - first_of_target[target[order]]
+    flat = target * width + slot
+    # written in place into fresh zeros: out of place, index_copy copies the zeros first
     padded_radial = radial.new_zeros((n_targets * width, radial.shape[1]))
-    padded_radial = padded_radial.index_copy(0, flat, radial.index_select(0, order))
+    padded_radial.index_copy_(0, flat, radial)
     padded_angular = angular.new_zeros((n_targets * width, angular.shape[1]))
-    padded_angular = padded_angular.index_copy(0, flat, angular.index_select(0, order))
+    padded_angular.index_copy_(0, flat, angular)
     return torch.bmm(
         padded_radial.reshape(n_targets, width, radial.shape[1]).transpose(1, 2),
         padded_angular.reshape(n_targets, width, angular.shape[1]),
