@@ -142,7 +142,8 @@ def neighbor_sums(
     order = torch.argsort(target, stable=True)
     first_of_target = torch.cumsum(counts, 0) - counts
     slot = torch.empty_like(target)
-    slot[order] = torch.arange(target.numel(), device=target.device) - first_of_target[target[order]]
+    position = torch.arange(target.numel(), device=target.device)
+    slot[order] = position - first_of_target[target[order]]
     flat = target * width + slot
     # written in place into fresh zeros: out of place, index_copy copies the zeros first
     padded_radial = radial.new_zeros((n_targets * width, radial.shape[1]))
