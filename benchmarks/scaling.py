@@ -2,12 +2,20 @@
 --nproc 2 x 1 thread, same data and global batch (so the same model).
 
     python benchmarks/scaling.py [--structures 300] [--epochs 4] [--batch-size 8] [--repeats 2]
+
+A last row measures what the machine allows: two separate one-thread runs started
+together, each on its own core, each with half the global batch (a rank's share of a
+step), with no communication at all. Its speed-up is their summed throughput over one
+process alone; `--nproc 2` does the same work plus one all-reduce per step and the wait
+for the slower rank, so it cannot beat it, and where the two cores slow each other down
+(shared memory bandwidth or caches) the row shows by how much.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from compare_metatrain import EPOCH_LINE, ROOT, run_measured, validation_size, write_inputs
@@ -16,7 +24,27 @@ CONFIGS = [
     ("1 process x 1 thread", 1, []),
     ("1 process x 2 threads", 2, []),
     ("--nproc 2 x 1 thread", 1, ["--nproc", "2"]),
+    ("2 runs at once, half batch", 1, []),
 ]
+TOGETHER = CONFIGS[-1][0]
+
+
+def epoch_rate(command, directory, threads, n_train) -> float:
+    """Training structures per second between the first and the last epoch line."""
+    _, marks, _ = run_measured(command, directory, threads, EPOCH_LINE["atomtrain"])
+    return n_train / ((marks[-1] - marks[0]) / (len(marks) - 1))
+
+
+def rate_together(command, directories, threads, n_train) -> float:
+    """Summed throughput of two copies of ``command`` started together, each in its own
+    directory and pinned to its own core."""
+
+    def one(core: int) -> float:
+        pinned = ["taskset", "-c", str(core), *command]
+        return epoch_rate(pinned, directories[core], threads, n_train)
+
+    with ThreadPoolExecutor(2) as pool:
+        return sum(pool.map(one, (0, 1)))
 
 
 def main() -> None:
@@ -39,16 +67,18 @@ def main() -> None:
         baseline = None
         for label, threads, extra in CONFIGS:
             directory = ROOT / "benchmarks" / "runs" / "scaling" / name / label.split()[0]
-            directory.mkdir(parents=True, exist_ok=True)
-            options = write_inputs(
-                directory, name, arguments.structures, arguments.epochs, arguments.batch_size
-            )
+            together = label == TOGETHER
+            places = [directory / "copy0", directory / "copy1"] if together else [directory]
+            for place in places:
+                place.mkdir(parents=True, exist_ok=True)
+                batch_size = arguments.batch_size // 2 if together else arguments.batch_size
+                options = write_inputs(
+                    place, name, arguments.structures, arguments.epochs, batch_size
+                )
             command = [sys.executable, "-m", "atomtrain", "train", options.name, *extra]
-            rates = []
-            for _ in range(arguments.repeats):
-                _, marks, _ = run_measured(command, directory, threads, EPOCH_LINE["atomtrain"])
-                rates.append(n_train / ((marks[-1] - marks[0]) / (len(marks) - 1)))
-            rate = max(rates)
+            measure = rate_together if together else epoch_rate
+            where = places if together else directory
+            rate = max(measure(command, where, threads, n_train) for _ in range(arguments.repeats))
             baseline = baseline or rate
             print(f"{name:<10}{label:<26}{rate:>14.1f}{rate / baseline:>10.2f}", flush=True)
 
