@@ -11,6 +11,7 @@ from .. import __version__
 from ..distributed.env import detect_launch
 from ..distributed.faults import PeerFailure
 from ..errors import AtomtrainError
+from ..runtime import keep_freed_memory
 from ..training.outputs import LOGGER_NAME
 from . import eval as eval_command
 from . import export as export_command
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         parser().print_help()
         return EXIT_USER_ERROR
     arguments.argv = list(sys.argv[1:] if argv is None else argv)
+    keep_freed_memory()
     logger = logging.getLogger(LOGGER_NAME)
     try:
         return int(arguments.run(arguments) or 0)
