@@ -69,9 +69,9 @@ def main() -> None:
             directory = ROOT / "benchmarks" / "runs" / "scaling" / name / label.split()[0]
             together = label == TOGETHER
             places = [directory / "copy0", directory / "copy1"] if together else [directory]
+            batch_size = arguments.batch_size // 2 if together else arguments.batch_size
             for place in places:
                 place.mkdir(parents=True, exist_ok=True)
-                batch_size = arguments.batch_size // 2 if together else arguments.batch_size
                 options = write_inputs(
                     place, name, arguments.structures, arguments.epochs, batch_size
                 )
