@@ -280,3 +280,39 @@ def test_nproc_inside_several_slurm_tasks_is_refused(workdir):
     )
     assert result.returncode == 2
     assert "--nproc 2 was given in each of 2 SLURM tasks" in result.stderr
+
+
+GLOO_RANK = """
+import os, sys, torch
+from atomtrain.distributed.context import initialize, threads_named
+from atomtrain.distributed.env import LaunchInfo
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+launch = LaunchInfo("torchrun", rank, 2, rank, 2, "127.0.0.1", port)
+context = initialize(launch, "cpu", 30.0)
+total = context.all_reduce_sum(torch.tensor([rank + 1.0]))
+policies = [os.sched_getscheduler(thread) for thread in threads_named("gloo_tcp_loop")]
+print(float(total), policies == [os.SCHED_IDLE] * len(policies) and len(policies) > 0)
+context.close()
+"""
+
+
+def test_gloo_event_loop_yields_to_training(tmp_path):
+    """gloo's TCP event loop spins while a peer's data waits for this rank, so each
+    rank runs it as SCHED_IDLE: it must not take the training thread's core."""
+    script = tmp_path / "rank.py"
+    script.write_text(GLOO_RANK)
+    port = free_port()
+    ranks = [
+        subprocess.Popen(
+            [PYTHON, str(script), str(rank), str(port)],
+            env=environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = [rank.communicate(timeout=120) for rank in ranks]
+    for process, (stdout, stderr) in zip(ranks, outputs):
+        assert process.returncode == 0, stderr[-2000:]
+        assert stdout.split() == ["3.0", "True"]

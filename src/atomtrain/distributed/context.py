@@ -12,6 +12,7 @@ import os
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -278,6 +279,44 @@ def bind_to_cores(local_rank: int, local_world_size: int) -> None:
     os.sched_setaffinity(0, core_share(cores, local_rank, local_world_size))
 
 
+def threads_named(name: str) -> list[int]:
+    """Ids of this process's threads called ``name`` (Linux; none elsewhere)."""
+    found = []
+    try:
+        tasks = list(Path("/proc/self/task").iterdir())
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            if (task / "comm").read_text().strip() == name:
+                found.append(int(task.name))
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+    return found
+
+
+def run_gloo_polling_when_idle() -> int:
+    """Schedule gloo's TCP event loop as SCHED_IDLE; returns how many threads changed.
+
+    When a peer's data arrives before this rank has posted the matching receive, the
+    event loop spins on epoll (the data stays unread, so it is always ready; gloo issue
+    246). On the rank's own core it then takes turns with the thread that would post the
+    receive, and with the training thread: a collective took 3-7 ms instead of 0.4 ms
+    after 25 ms of compute. SCHED_IDLE lets it run only while the rank's other threads
+    wait, which is when it has work to do.
+    """
+    if not hasattr(os, "sched_setscheduler"):
+        return 0
+    changed = 0
+    for thread in threads_named("gloo_tcp_loop"):
+        try:
+            os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
+            changed += 1
+        except OSError:
+            continue
+    return changed
+
+
 def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Context:
     """Start the process group (when there are several processes) and pick the device."""
     set_threads(launch.local_world_size)
@@ -335,6 +374,8 @@ def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Conte
             f"within {timeout:g} s; check that rank 0 started and that the address and "
             "port are reachable (distributed.timeout sets the wait)"
         ) from error
+    if backend == "gloo":
+        run_gloo_polling_when_idle()
     return Context(
         rank=launch.rank,
         world_size=launch.world_size,
