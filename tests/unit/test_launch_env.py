@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from atomtrain.distributed.context import core_share
+from atomtrain.distributed.context import core_share, threads_per_process
 from atomtrain.distributed.env import detect_launch, slurm_port
 from atomtrain.errors import DistributedError
 
@@ -125,6 +125,20 @@ def test_cpu_threads_are_shared_among_local_processes():
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
     )
     assert result.stdout.strip() == "True"
+
+
+def test_user_thread_count_is_kept_when_it_fits_and_cut_when_cores_would_be_shared():
+    assert threads_per_process(8, 2, None) == (4, None)
+    assert threads_per_process(3, 4, None) == (1, None)
+    assert threads_per_process(8, 2, "2") == (2, None)
+    threads, note = threads_per_process(2, 2, "2")
+    assert threads == 1
+    assert note is not None and note.startswith(
+        "OMP_NUM_THREADS=2 with 2 processes on this machine asks for 4 threads on 2 cores; "
+        "using 1 per process"
+    )
+    threads, note = threads_per_process(4, 1, "many")
+    assert (threads, note) == (4, "OMP_NUM_THREADS='many' is not a positive integer; using 4")
 
 
 def test_local_processes_get_equal_disjoint_core_shares():

@@ -221,6 +221,9 @@ def run(arguments: argparse.Namespace) -> int:
 
 def log_rank_map(context) -> None:
     entries = context.gather_hosts()
+    if context.is_main:
+        for note in context.notes:
+            logger.warning(note)
     if context.is_distributed:
         lines = [f"  rank {rank}: host {host}, device {device}" for rank, host, device in entries]
         logger.info(f"{context.world_size} processes ({context.master}):\n" + "\n".join(lines))

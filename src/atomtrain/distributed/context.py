@@ -41,6 +41,7 @@ class Context:
     master: str = ""
     timeout: float = 300.0
     hosts: list[str] = field(default_factory=list)  # host of each rank
+    notes: list[str] = field(default_factory=list)  # for the log, once it is open
 
     @property
     def is_main(self) -> bool:
@@ -123,7 +124,11 @@ class Context:
         address = local_address(self.master.rsplit(":", 1)[0]) if self.master else None
         if address and not address.startswith("127."):
             label = f"{label} ({address})"
-        entries = self.all_gather_objects((self.rank, label, str(self.device)))
+        device = str(self.device)
+        if self.device.type == "cpu":
+            threads = torch.get_num_threads()
+            device += f", {threads} thread" + ("s" if threads > 1 else "")
+        entries = self.all_gather_objects((self.rank, label, device))
         self.hosts = [host for _, host, _ in entries]
         return entries
 
@@ -251,12 +256,40 @@ def choose_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def set_threads(local_world_size: int) -> None:
-    """Share the machine's cores among the processes on it, unless the user chose."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return
+def threads_per_process(
+    cores: int, local_world_size: int, requested: str | None
+) -> tuple[int, str | None]:
+    """Threads for each of ``local_world_size`` processes sharing ``cores``: the user's
+    OMP_NUM_THREADS (``requested``) up to the process's share of the cores, else the
+    share; with a note for the log when the request was cut."""
+    share = max(1, cores // max(1, local_world_size))
+    if requested is None:
+        return share, None
+    try:
+        threads = int(requested)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        return share, f"OMP_NUM_THREADS={requested!r} is not a positive integer; using {share}"
+    if threads <= share:
+        return threads, None
+    processes = f"{local_world_size} processes" if local_world_size > 1 else "1 process"
+    return share, (
+        f"OMP_NUM_THREADS={threads} with {processes} on this machine asks for "
+        f"{threads * local_world_size} threads on {cores} cores; using {share} per process "
+        "(threads sharing a core wait for each other's time slices: measured 80x slower)"
+    )
+
+
+def set_threads(local_world_size: int) -> str | None:
+    """Share the machine's cores among the processes on it (the user's OMP_NUM_THREADS
+    when it fits); returns a note when the user's choice had to be cut."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(max(1, (cores or 1) // max(1, local_world_size)))
+    threads, note = threads_per_process(
+        cores or 1, local_world_size, os.environ.get("OMP_NUM_THREADS")
+    )
+    torch.set_num_threads(threads)
+    return note
 
 
 def core_share(cores: list[int], local_rank: int, local_world_size: int) -> set[int]:
@@ -319,12 +352,13 @@ def run_gloo_polling_when_idle() -> int:
 
 def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Context:
     """Start the process group (when there are several processes) and pick the device."""
-    set_threads(launch.local_world_size)
+    note = set_threads(launch.local_world_size)
+    notes = [note] if note else []
     device = choose_device(device_request, launch.local_rank)
     if device.type == "cpu":
         bind_to_cores(launch.local_rank, launch.local_world_size)
     if not launch.is_distributed:
-        return single_process(device)
+        return Context(device=device, notes=notes)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "gloo":
         choose_gloo_interface(launch.master_addr)
@@ -384,4 +418,5 @@ def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Conte
         device=device,
         master=address,
         timeout=timeout,
+        notes=notes,
     )
