@@ -5,6 +5,7 @@ rare element and a last batch smaller than the number of processes."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import socket
@@ -283,28 +284,37 @@ def test_nproc_inside_several_slurm_tasks_is_refused(workdir):
 
 
 GLOO_RANK = """
-import os, sys, torch
-from atomtrain.distributed.context import initialize, threads_named
+import json, os, sys, torch
+from atomtrain.distributed.context import initialize, process_threads, threads_named
 from atomtrain.distributed.env import LaunchInfo
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 launch = LaunchInfo("torchrun", rank, 2, rank, 2, "127.0.0.1", port)
 context = initialize(launch, "cpu", 30.0)
 total = context.all_reduce_sum(torch.tensor([rank + 1.0]))
-policies = [os.sched_getscheduler(thread) for thread in threads_named("gloo_tcp_loop")]
-print(float(total), policies == [os.SCHED_IDLE] * len(policies) and len(policies) > 0)
+cores = sorted(os.sched_getaffinity(0))
+loops = threads_named("gloo_tcp_loop")
+print(json.dumps({
+    "sum": float(total),
+    "event_loops": [os.sched_getscheduler(thread) == os.SCHED_IDLE for thread in loops],
+    "cores": cores,
+    "threads": torch.get_num_threads(),
+    "every_thread_on_them": all(
+        sorted(os.sched_getaffinity(thread)) == cores for thread in process_threads()
+    ),
+}))
 context.close()
 """
 
 
-def test_gloo_event_loop_yields_to_training(tmp_path):
-    """gloo's TCP event loop spins while a peer's data waits for this rank, so each
-    rank runs it as SCHED_IDLE: it must not take the training thread's core."""
+def run_two_ranks(tmp_path, prefixes):
+    """Start two ranks of a gloo group through ``initialize``, each command prefixed (to
+    restrict its cores); return what each reports."""
     script = tmp_path / "rank.py"
     script.write_text(GLOO_RANK)
     port = free_port()
     ranks = [
         subprocess.Popen(
-            [PYTHON, str(script), str(rank), str(port)],
+            [*prefixes[rank], PYTHON, str(script), str(rank), str(port)],
             env=environment(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -312,7 +322,36 @@ def test_gloo_event_loop_yields_to_training(tmp_path):
         )
         for rank in range(2)
     ]
-    outputs = [rank.communicate(timeout=120) for rank in ranks]
-    for process, (stdout, stderr) in zip(ranks, outputs):
+    reports = []
+    for process in ranks:
+        stdout, stderr = process.communicate(timeout=120)
         assert process.returncode == 0, stderr[-2000:]
-        assert stdout.split() == ["3.0", "True"]
+        reports.append(json.loads(stdout))
+    return reports
+
+
+def test_gloo_event_loop_yields_to_training_and_ranks_split_the_cores(tmp_path):
+    """gloo's TCP event loop spins while a peer's data waits for this rank, so each rank
+    runs it as SCHED_IDLE: it must not take the training thread's core. Two ranks given
+    the same cores split them, every thread of a rank on its share."""
+    reports = run_two_ranks(tmp_path, [[], []])
+    available = sorted(os.sched_getaffinity(0))
+    for report in reports:
+        assert report["sum"] == 3.0
+        assert report["event_loops"] and all(report["event_loops"])
+        assert report["every_thread_on_them"]
+        assert report["threads"] == len(report["cores"]) == len(available) // 2
+    assert not set(reports[0]["cores"]) & set(reports[1]["cores"])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_rank_given_its_own_cores_keeps_them(tmp_path):
+    """As under srun with CPU binding: a launcher chose each rank's cores, so atomtrain
+    does not split them again (rank 0 may use every core, rank 1 only the last)."""
+    available = sorted(os.sched_getaffinity(0))
+    last = str(available[-1])
+    reports = run_two_ranks(tmp_path, [[], ["taskset", "-c", last]])
+    assert reports[0]["cores"] == available
+    assert reports[0]["threads"] == len(available)
+    assert reports[1]["cores"] == [available[-1]]
+    assert reports[1]["threads"] == 1

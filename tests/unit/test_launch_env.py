@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from atomtrain.distributed.context import core_share, threads_per_process
+from atomtrain.distributed.context import core_share, cores_of_rank, threads_for
 from atomtrain.distributed.env import detect_launch, slurm_port
 from atomtrain.errors import DistributedError
 
@@ -107,37 +107,37 @@ def test_bad_node_list_is_a_clear_error():
         detect_launch({**SLURM, "SLURM_JOB_NODELIST": "node[01-"})
 
 
-def test_cpu_threads_are_shared_among_local_processes():
-    import subprocess
-    import sys
+def test_ranks_given_the_same_cores_split_them_and_bound_ranks_keep_theirs():
+    everything = tuple(range(8))
+    # --nproc 2 or torchrun on one host: both ranks see all cores
+    placements = [("a", everything), ("a", everything)]
+    assert [cores_of_rank(placements, rank) for rank in range(2)] == [{0, 1, 2, 3}, {4, 5, 6, 7}]
+    # srun with CPU binding: each task got its own cores, and keeps all of them
+    placements = [("a", (0, 1, 2, 3)), ("a", (4, 5, 6, 7)), ("b", (0, 1, 2, 3))]
+    assert [cores_of_rank(placements, rank) for rank in range(3)] == [
+        {0, 1, 2, 3},
+        {4, 5, 6, 7},
+        {0, 1, 2, 3},
+    ]
+    # two hosts, two ranks each, unbound: each host's cores split among its own ranks
+    placements = [("a", everything), ("b", everything), ("a", everything), ("b", everything)]
+    assert [cores_of_rank(placements, rank) for rank in range(4)] == [
+        {0, 1, 2, 3},
+        {0, 1, 2, 3},
+        {4, 5, 6, 7},
+        {4, 5, 6, 7},
+    ]
 
-    script = (
-        "import os, torch\n"
-        "from atomtrain.distributed.context import set_threads\n"
-        "set_threads(2)\n"
-        "cores = len(os.sched_getaffinity(0))\n"
-        "print(torch.get_num_threads() == max(1, cores // 2))\n"
-    )
-    env = {
-        key: value for key, value in __import__("os").environ.items() if key != "OMP_NUM_THREADS"
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
-    )
-    assert result.stdout.strip() == "True"
 
-
-def test_user_thread_count_is_kept_when_it_fits_and_cut_when_cores_would_be_shared():
-    assert threads_per_process(8, 2, None) == (4, None)
-    assert threads_per_process(3, 4, None) == (1, None)
-    assert threads_per_process(8, 2, "2") == (2, None)
-    threads, note = threads_per_process(2, 2, "2")
+def test_user_thread_count_is_kept_when_it_fits_and_cut_when_it_would_share_cores():
+    assert threads_for(4, None) == (4, None)
+    assert threads_for(4, "2") == (2, None)
+    threads, note = threads_for(1, "2")
     assert threads == 1
     assert note is not None and note.startswith(
-        "OMP_NUM_THREADS=2 with 2 processes on this machine asks for 4 threads on 2 cores; "
-        "using 1 per process"
+        "OMP_NUM_THREADS=2 is more than the 1 core(s) this process trains on; using 1"
     )
-    threads, note = threads_per_process(4, 1, "many")
+    threads, note = threads_for(4, "many")
     assert (threads, note) == (4, "OMP_NUM_THREADS='many' is not a positive integer; using 4")
 
 

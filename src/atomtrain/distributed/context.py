@@ -256,40 +256,25 @@ def choose_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def threads_per_process(
-    cores: int, local_world_size: int, requested: str | None
-) -> tuple[int, str | None]:
-    """Threads for each of ``local_world_size`` processes sharing ``cores``: the user's
-    OMP_NUM_THREADS (``requested``) up to the process's share of the cores, else the
-    share; with a note for the log when the request was cut."""
-    share = max(1, cores // max(1, local_world_size))
+def threads_for(cores: int, requested: str | None) -> tuple[int, str | None]:
+    """Threads for a process that trains on ``cores`` cores: the user's OMP_NUM_THREADS
+    (``requested``) up to ``cores``, else ``cores``; with a note for the log when the
+    request was cut."""
     if requested is None:
-        return share, None
+        return cores, None
     try:
         threads = int(requested)
     except ValueError:
         threads = 0
     if threads < 1:
-        return share, f"OMP_NUM_THREADS={requested!r} is not a positive integer; using {share}"
-    if threads <= share:
+        return cores, f"OMP_NUM_THREADS={requested!r} is not a positive integer; using {cores}"
+    if threads <= cores:
         return threads, None
-    processes = f"{local_world_size} processes" if local_world_size > 1 else "1 process"
-    return share, (
-        f"OMP_NUM_THREADS={threads} with {processes} on this machine asks for "
-        f"{threads * local_world_size} threads on {cores} cores; using {share} per process "
-        "(threads sharing a core wait for each other's time slices: measured 80x slower)"
+    return cores, (
+        f"OMP_NUM_THREADS={threads} is more than the {cores} core(s) this process trains "
+        f"on; using {cores} thread(s) (threads sharing a core wait for each other's time "
+        "slices: measured 80x slower)"
     )
-
-
-def set_threads(local_world_size: int) -> str | None:
-    """Share the machine's cores among the processes on it (the user's OMP_NUM_THREADS
-    when it fits); returns a note when the user's choice had to be cut."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads, note = threads_per_process(
-        cores or 1, local_world_size, os.environ.get("OMP_NUM_THREADS")
-    )
-    torch.set_num_threads(threads)
-    return note
 
 
 def core_share(cores: list[int], local_rank: int, local_world_size: int) -> set[int]:
@@ -302,28 +287,60 @@ def core_share(cores: list[int], local_rank: int, local_world_size: int) -> set[
     return set(sorted(cores)[start : start + per_process])
 
 
-def bind_to_cores(local_rank: int, local_world_size: int) -> None:
-    """Keep each of several CPU training processes on a machine on its own cores:
-    measured 5 % more throughput with two processes on two cores (no migrations, warm
-    caches). Only within the cores this process was given (SLURM's binding stays)."""
-    if local_world_size <= 1 or not hasattr(os, "sched_setaffinity"):
-        return
-    cores = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, core_share(cores, local_rank, local_world_size))
+def cores_of_rank(placements: list[tuple[str, tuple[int, ...]]], rank: int) -> set[int]:
+    """The cores ``rank`` trains on, from every rank's (host, cores it may run on).
+
+    Ranks on one host that were given the same cores (atomtrain --nproc, torchrun, srun
+    without CPU binding) split them equally in rank order, each on its own: measured 5 %
+    more throughput with two processes on two cores (no migrations, warm caches). A rank
+    given cores of its own (srun with CPU binding, taskset, numactl) keeps them all.
+    """
+    host, cores = placements[rank]
+    sharing = [other for other, placement in enumerate(placements) if placement == (host, cores)]
+    return core_share(list(cores), sharing.index(rank), len(sharing))
+
+
+def bind_process(cores: set[int]) -> None:
+    """Run every thread of this process on ``cores`` (threads started later inherit it)."""
+    for thread in process_threads():
+        try:
+            os.sched_setaffinity(thread, cores)
+        except OSError:
+            continue  # the thread ended meanwhile
+
+
+def place_process(context: Context) -> str | None:
+    """Choose this rank's cores (bound on CPU devices) and its number of threads;
+    returns a note for the log when the user's OMP_NUM_THREADS had to be cut."""
+    if hasattr(os, "sched_getaffinity"):
+        available = sorted(os.sched_getaffinity(0))
+    else:
+        available = list(range(os.cpu_count() or 1))
+    placements = context.all_gather_objects((hostname(), tuple(available)))
+    cores = cores_of_rank(placements, context.rank)
+    if context.device.type == "cpu" and cores != set(available):
+        bind_process(cores)
+    threads, note = threads_for(len(cores), os.environ.get("OMP_NUM_THREADS"))
+    torch.set_num_threads(threads)
+    return note
+
+
+def process_threads() -> list[int]:
+    """Ids of this process's threads (Linux; none elsewhere)."""
+    try:
+        return [int(task.name) for task in Path("/proc/self/task").iterdir()]
+    except (OSError, ValueError):
+        return []
 
 
 def threads_named(name: str) -> list[int]:
     """Ids of this process's threads called ``name`` (Linux; none elsewhere)."""
     found = []
-    try:
-        tasks = list(Path("/proc/self/task").iterdir())
-    except OSError:
-        return []
-    for task in tasks:
+    for thread in process_threads():
         try:
-            if (task / "comm").read_text().strip() == name:
-                found.append(int(task.name))
-        except (OSError, ValueError):
+            if Path(f"/proc/self/task/{thread}/comm").read_text().strip() == name:
+                found.append(thread)
+        except OSError:
             continue  # the thread ended meanwhile
     return found
 
@@ -351,14 +368,22 @@ def run_gloo_polling_when_idle() -> int:
 
 
 def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Context:
-    """Start the process group (when there are several processes) and pick the device."""
-    note = set_threads(launch.local_world_size)
-    notes = [note] if note else []
+    """Start the process group (when there are several processes), pick the device and
+    place this process on its cores."""
     device = choose_device(device_request, launch.local_rank)
-    if device.type == "cpu":
-        bind_to_cores(launch.local_rank, launch.local_world_size)
-    if not launch.is_distributed:
-        return Context(device=device, notes=notes)
+    if launch.is_distributed:
+        context = start_process_group(launch, device, timeout)
+    else:
+        context = Context(device=device)
+    with context.guard():
+        note = place_process(context)
+    if note:
+        context.notes.append(note)
+    return context
+
+
+def start_process_group(launch: LaunchInfo, device: torch.device, timeout: float) -> Context:
+    """Join the job's process group: NCCL on GPUs, gloo on CPUs."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "gloo":
         choose_gloo_interface(launch.master_addr)
@@ -418,5 +443,4 @@ def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Conte
         device=device,
         master=address,
         timeout=timeout,
-        notes=notes,
     )
