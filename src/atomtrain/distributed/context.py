@@ -345,8 +345,8 @@ def threads_named(name: str) -> list[int]:
     return found
 
 
-def run_gloo_polling_when_idle() -> int:
-    """Schedule gloo's TCP event loop as SCHED_IDLE; returns how many threads changed.
+def run_gloo_polling_when_idle() -> None:
+    """Schedule gloo's TCP event loop as SCHED_IDLE.
 
     When a peer's data arrives before this rank has posted the matching receive, the
     event loop spins on epoll (the data stays unread, so it is always ready; gloo issue
@@ -356,15 +356,12 @@ def run_gloo_polling_when_idle() -> int:
     wait, which is when it has work to do.
     """
     if not hasattr(os, "sched_setscheduler"):
-        return 0
-    changed = 0
+        return
     for thread in threads_named("gloo_tcp_loop"):
         try:
             os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
-            changed += 1
         except OSError:
-            continue
-    return changed
+            continue  # not allowed here: gloo keeps its default
 
 
 def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Context:
