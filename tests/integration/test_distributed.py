@@ -312,10 +312,12 @@ def run_two_ranks(tmp_path, prefixes):
     script = tmp_path / "rank.py"
     script.write_text(GLOO_RANK)
     port = free_port()
+    # threads follow the cores when the user does not choose them
+    env = {key: value for key, value in environment().items() if key != "OMP_NUM_THREADS"}
     ranks = [
         subprocess.Popen(
             [*prefixes[rank], PYTHON, str(script), str(rank), str(port)],
-            env=environment(),
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
