@@ -3,6 +3,8 @@ batching, and the composition baseline."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import ase
 import ase.build
 import numpy as np
@@ -25,6 +27,8 @@ from atomtrain.models.soap import (
     spherical_bessel_radial_basis,
     spherical_bessel_zeros,
 )
+from atomtrain.models.soap_bpnn import mirrored_half
+from atomtrain.training.evaluation import predict
 
 from helpers import run_model, small_model, structure_from_atoms
 
@@ -319,3 +323,41 @@ def test_hessian_from_the_training_model_is_refused_and_exact_when_exported(
     shifted[1][2, 1] -= step
     plus, minus = (gradient(scripted, p.requires_grad_(True))[0, 0] for p in shifted)
     assert float(row[2, 1]) == pytest.approx(float(plus - minus) / (2 * step), rel=1e-5)
+
+
+def test_mirrored_pair_layout_gives_the_same_model_as_any_order(oxide_model, organic_model):
+    """Collated pairs come as [pairs; the same reversed], and the model then computes
+    the geometry of the first half only. Energies, forces, stress and the parameter
+    gradients of a force and stress loss must equal those of the same pairs in a
+    shuffled order, which takes the general path."""
+    for model, structures in [
+        (oxide_model, [structure_from_atoms(crystal())]),
+        (organic_model, [structure_from_atoms(molecule()), structure_from_atoms(molecule())]),
+    ]:
+        stress = structures[0].is_periodic
+        batch = collate(structures, model.cutoff).to("cpu", torch.float64)
+        order = torch.randperm(batch.pair_first.numel(), generator=torch.Generator().manual_seed(0))
+        shuffled = dataclasses.replace(
+            batch,
+            pair_first=batch.pair_first[order],
+            pair_second=batch.pair_second[order],
+            cell_shifts=batch.cell_shifts[order],
+        )
+        assert mirrored_half(batch.pair_first, batch.pair_second, batch.cell_shifts) > 0
+        assert mirrored_half(shuffled.pair_first, shuffled.pair_second, shuffled.cell_shifts) == 0
+        results = []
+        for layout in (batch, shuffled):
+            outputs = predict(model, layout, True, stress, create_graph=True)
+            loss = (outputs["forces"] ** 2).sum()
+            if stress:
+                loss = loss + (outputs["stress"] ** 2).sum()
+            parameters = list(model.parameters())
+            gradients = torch.autograd.grad(loss, parameters, allow_unused=True)
+            results.append(({k: v.detach() for k, v in outputs.items()}, gradients))
+        (mirrored, mirrored_gradients), (general, general_gradients) = results
+        for key in mirrored:
+            assert torch.allclose(mirrored[key], general[key], rtol=1e-12, atol=1e-12), key
+        for mine, reference in zip(mirrored_gradients, general_gradients):
+            assert (mine is None) == (reference is None)
+            if mine is not None:
+                assert torch.allclose(mine, reference, rtol=1e-10, atol=1e-12)

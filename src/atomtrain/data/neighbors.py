@@ -12,8 +12,10 @@ from .system import NeighborList, Structure
 def compute_neighbor_list(
     positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float
 ) -> NeighborList:
-    """Full neighbor list (both orders of each pair) for one structure."""
-    calculator = vesin.NeighborList(cutoff=cutoff, full_list=True)
+    """Full neighbor list for one structure, laid out as each pair once (vesin's half
+    list) followed by the same pairs reversed, in the same order: the model then computes
+    the geometry of the first half only (see SoapBpnn.energies)."""
+    calculator = vesin.NeighborList(cutoff=cutoff, full_list=False)
     box = cell if bool(np.any(pbc)) else np.zeros((3, 3))
     first, second, shifts = calculator.compute(
         points=np.ascontiguousarray(positions, dtype=np.float64),
@@ -22,10 +24,13 @@ def compute_neighbor_list(
         quantities="ijS",
         copy=True,
     )
+    first = torch.from_numpy(first.astype(np.int64))
+    second = torch.from_numpy(second.astype(np.int64))
+    shifts = torch.from_numpy(shifts.astype(np.int64))
     return NeighborList(
-        first=torch.from_numpy(first.astype(np.int64)),
-        second=torch.from_numpy(second.astype(np.int64)),
-        cell_shifts=torch.from_numpy(shifts.astype(np.int64)),
+        first=torch.cat([first, second]),
+        second=torch.cat([second, first]),
+        cell_shifts=torch.cat([shifts, -shifts]),
     )
 
 

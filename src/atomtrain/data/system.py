@@ -9,7 +9,9 @@ import torch
 
 @dataclass
 class NeighborList:
-    """A full neighbor list: every pair (i, j) within the cutoff appears in both orders.
+    """A full neighbor list: every pair (i, j) within the cutoff appears in both orders,
+    each pair once in the first half and reversed (j, i, -shift) at the same place in the
+    second half.
 
     The vector from i to j is ``positions[j] - positions[i] + cell_shifts @ cell``.
     """

@@ -187,6 +187,16 @@ class SoapPowerSpectrum(torch.nn.Module):
             for m in range(2 * angular_l + 1):
                 spread[angular_l * angular_l + m, angular_l * width + m] = 1.0
         self.register_buffer("spread", spread)
+        # (-1)^l for each lm, the parity of the harmonics (not saved: derived)
+        parity = torch.tensor(
+            [
+                (-1.0) ** angular_l
+                for angular_l in range(max_angular + 1)
+                for _ in range(2 * angular_l + 1)
+            ],
+            dtype=torch.float64,
+        )
+        self.register_buffer("parity", parity, persistent=False)
         # Features: for each l, the pairs of channels (element, n) with c <= c' and both n
         # below the l's count. They are sums over m, without the 1/sqrt(2l + 1) of an
         # average, as in metatrain's power spectrum: high l keeps the weight the density
@@ -207,11 +217,19 @@ class SoapPowerSpectrum(torch.nn.Module):
         pair_first: torch.Tensor,
         neighbor_element: torch.Tensor,
         n_atoms: int,
+        mirrored: bool = False,
     ) -> torch.Tensor:
+        """Features [atoms, features]. ``mirrored``: ``edge_vectors`` are those of the
+        first half of the pairs only, the second half being the same pairs reversed, whose
+        vectors are the negated ones: same radial functions, Y_lm(-r) = (-1)^l Y_lm(r).
+        Half the harmonics and their gradients, the largest tensors of a step."""
         distances = torch.linalg.vector_norm(edge_vectors, dim=1)
         radial = spherical_bessel_radial_basis(distances, self.wavenumbers, self.cutoff)
         radial = radial * cosine_cutoff(distances, self.cutoff, self.cutoff_width).unsqueeze(1)
         angular = self.angular(edge_vectors)
+        if mirrored:
+            radial = torch.cat([radial, radial])
+            angular = torch.cat([angular, angular * self.parity])
         target = pair_first * self.n_elements + neighbor_element
         n_lm = (self.max_angular + 1) * (self.max_angular + 1)
         density = neighbor_sums(radial, angular, target, n_atoms * self.n_elements)

@@ -15,6 +15,24 @@ from .soap import SoapPowerSpectrum
 ARCHITECTURE_NAME = "soap_bpnn"
 
 
+def mirrored_half(
+    pair_first: torch.Tensor, pair_second: torch.Tensor, cell_shifts: torch.Tensor
+) -> int:
+    """How many pairs the first half holds when the second half is the first reversed,
+    pair by pair ((j, i, -shift) for (i, j, shift)); 0 for any other layout."""
+    n_pairs = pair_first.shape[0]
+    half = n_pairs // 2
+    if n_pairs == 0 or n_pairs % 2 == 1:
+        return 0
+    if (
+        torch.equal(pair_first[half:], pair_second[:half])
+        and torch.equal(pair_second[half:], pair_first[:half])
+        and torch.equal(cell_shifts[half:], -cell_shifts[:half])
+    ):
+        return half
+    return 0
+
+
 class SoapBpnn(torch.nn.Module):
     """Energy model E = scale * sum_i NN_{Z_i}(SOAP_i) + sum_i baseline_{Z_i}."""
 
@@ -91,11 +109,16 @@ class SoapBpnn(torch.nn.Module):
         cell_shifts: torch.Tensor,
     ) -> torch.Tensor:
         """Total energy of each structure, [n_structures]."""
-        pair_cell = cell.index_select(0, system_index.index_select(0, pair_first))
+        # Pairs laid out [pairs; the same reversed] (as collated) need the geometry of
+        # the first half only: the reversed vectors are exactly the negated ones.
+        half = mirrored_half(pair_first, pair_second, cell_shifts)
+        computed = half if half > 0 else pair_first.shape[0]
+        first = pair_first[:computed]
+        pair_cell = cell.index_select(0, system_index.index_select(0, first))
         edge_vectors = (
-            positions.index_select(0, pair_second)
-            - positions.index_select(0, pair_first)
-            + torch.bmm(cell_shifts.unsqueeze(1), pair_cell).squeeze(1)
+            positions.index_select(0, pair_second[:computed])
+            - positions.index_select(0, first)
+            + torch.bmm(cell_shifts[:computed].unsqueeze(1), pair_cell).squeeze(1)
         )
         element_index = self.type_to_index.index_select(0, atomic_numbers)
         features = self.soap(
@@ -103,6 +126,7 @@ class SoapBpnn(torch.nn.Module):
             pair_first,
             element_index.index_select(0, pair_second),
             positions.shape[0],
+            half > 0,
         )
         atomic = self.networks(self.layernorm(features), element_index)
         atomic = atomic.to(torch.float64) * self.scale + self.baseline.index_select(
