@@ -28,8 +28,9 @@ def keep_freed_memory(environment: dict[str, str] | None = None) -> bool:
     freed blocks back to the kernel (fresh mappings, heap trimming), so the next step
     faults them in again page by page: about 2,200 page faults per step on tio2 at
     batch 32. Serving blocks up to 32 MiB from the heap and never trimming it removes
-    them: 2 to 3 % faster in one process, 6 % with two processes on two cores (where a
-    pause on one rank holds up both), for a peak resident size 5 to 7 % higher.
+    them. Measured on tio2 (docs/performance.md): one process at batch 32 6 % faster,
+    two processes on two cores 3 % (batch 32) and 8 % (batch 8), for a peak resident
+    size 2 to 5 % higher.
 
     Nothing happens outside glibc, when the user set a malloc variable, or when
     ``LD_PRELOAD`` brings another allocator (jemalloc, tcmalloc, mimalloc).

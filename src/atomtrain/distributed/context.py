@@ -371,7 +371,7 @@ def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Conte
     if launch.is_distributed:
         context = start_process_group(launch, device, timeout)
     else:
-        context = Context(device=device)
+        context = single_process(device)
     with context.guard():
         note = place_process(context)
     if note:
