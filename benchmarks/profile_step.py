@@ -21,6 +21,7 @@ import torch
 from atomtrain.data import collate, read_structures
 from atomtrain.models import SoapBpnn
 from atomtrain.options import LossOptions
+from atomtrain.runtime import keep_freed_memory
 from atomtrain.training.evaluation import predict
 from atomtrain.training.loop import global_counts
 from atomtrain.training.losses import batch_loss
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     arguments = parser.parse_args()
     torch.set_num_threads(arguments.threads)
+    keep_freed_memory()  # as every atomtrain command does
     structures = read_structures(arguments.data)[: arguments.batch_size * arguments.steps]
     types = sorted({int(z) for s in structures for z in s.atomic_numbers})
     model = SoapBpnn(types).set_precision(torch.float32)
