@@ -53,15 +53,24 @@ class Context:
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks (in place and returned)."""
-        if self.is_distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
+        return self.all_reduce(tensor, dist.ReduceOp.SUM)
 
     def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
         """Element-wise maximum over ranks (in place and returned)."""
-        if self.is_distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return tensor
+        return self.all_reduce(tensor, dist.ReduceOp.MAX)
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp) -> torch.Tensor:
+        """``op`` over ranks, in place. A tensor on another device than this process's
+        travels through it: NCCL reduces only GPU tensors, and sums over the data
+        (the energy baseline) are made on the CPU."""
+        if not self.is_distributed:
+            return tensor
+        if tensor.device == self.device:
+            dist.all_reduce(tensor, op=op)
+            return tensor
+        travelling = tensor.to(self.device)
+        dist.all_reduce(travelling, op=op)
+        return tensor.copy_(travelling)
 
     def broadcast_object(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
