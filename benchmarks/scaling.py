@@ -14,6 +14,7 @@ for the slower rank, so it cannot beat it, and where the two cores slow each oth
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -58,7 +59,8 @@ def main() -> None:
         "--repeats",
         type=int,
         default=2,
-        help="rounds over all configurations; each configuration's fastest run counts",
+        help="rounds over all configurations; each configuration's fastest run counts, "
+        "and the median over rounds of each round's own speed-up is printed beside it",
     )
     arguments = parser.parse_args()
     n_train = arguments.structures - validation_size(arguments.structures)
@@ -66,7 +68,10 @@ def main() -> None:
         f"global batch {arguments.batch_size}, {arguments.structures} structures, "
         f"best of {arguments.repeats} runs"
     )
-    print(f"{'data':<10}{'configuration':<26}{'structures/s':>14}{'speed-up':>10}")
+    print(
+        f"{'data':<10}{'configuration':<26}{'structures/s':>14}{'speed-up':>10}"
+        f"{'median of rounds':>18}"
+    )
     for name in arguments.datasets:
         runs = []
         for label, threads, extra in CONFIGS:
@@ -85,14 +90,18 @@ def main() -> None:
             runs.append((label, partial(measure, command, where, threads, n_train)))
         # round-robin, so that the machine's drift (up to 20 % over half an hour on a
         # shared virtual machine) reaches every configuration alike
-        rates: dict[str, float] = {}
-        for _ in range(arguments.repeats):
-            for label, run in runs:
-                rates[label] = max(rates.get(label, 0.0), run())
-        baseline = rates[CONFIGS[0][0]]
+        rounds = [{label: run() for label, run in runs} for _ in range(arguments.repeats)]
+        first = CONFIGS[0][0]
         for label, _, _ in CONFIGS:
-            rate = rates[label]
-            print(f"{name:<10}{label:<26}{rate:>14.1f}{rate / baseline:>10.2f}", flush=True)
+            fastest = max(found[label] for found in rounds) / max(found[first] for found in rounds)
+            # a round's configurations run within a minute or two of each other, so its
+            # own ratios are the least touched by the drift
+            within = statistics.median(found[label] / found[first] for found in rounds)
+            rate = max(found[label] for found in rounds)
+            print(
+                f"{name:<10}{label:<26}{rate:>14.1f}{fastest:>10.2f}{within:>18.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
