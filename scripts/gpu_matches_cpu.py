@@ -1,0 +1,73 @@
+"""The model on a GPU gives the CPU's results: energies, forces, stress (where the data
+has it) and the parameter gradients of a force-training loss, in float64, on the first
+structures of DATA. Part of scripts/gpu_check.sh.
+
+    python scripts/gpu_matches_cpu.py DATA [--device cuda] [--structures 8]
+
+(``--device cpu`` runs the same comparison against a second CPU copy: a check of the
+script itself on a machine without a GPU.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+
+import torch
+
+from atomtrain.data import collate, read_structures
+from atomtrain.models import SoapBpnn
+from atomtrain.options import LossOptions
+from atomtrain.training.evaluation import predict
+from atomtrain.training.loop import global_counts
+from atomtrain.training.losses import batch_loss
+
+TOLERANCE = 1e-9  # relative to the largest value of each quantity
+
+
+def results_on(model: SoapBpnn, structures, device: str) -> dict[str, torch.Tensor]:
+    """Predictions and the loss's parameter gradients, computed on ``device``, on the CPU."""
+    model = model.to(device)
+    batch = collate(structures, model.cutoff).to(device, torch.float64)
+    stress = batch.stress is not None
+    predictions = predict(model, batch, True, stress, create_graph=True)
+    counts = global_counts(structures, list(range(len(structures))))
+    loss = batch_loss(predictions, batch, LossOptions(), counts)
+    parameters = list(model.parameters())
+    loss.backward(inputs=parameters)
+    results = {name: value.detach().cpu() for name, value in predictions.items()}
+    for name, parameter in model.named_parameters():
+        results[f"gradient of {name}"] = parameter.grad.detach().cpu()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("data")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--structures", type=int, default=8)
+    arguments = parser.parse_args()
+    structures = read_structures(arguments.data)[: arguments.structures]
+    types = sorted({int(z) for structure in structures for z in structure.atomic_numbers})
+    torch.manual_seed(0)
+    model = SoapBpnn(types).set_precision(torch.float64)
+    reference = results_on(copy.deepcopy(model), structures, "cpu")
+    other = results_on(copy.deepcopy(model), structures, arguments.device)
+    worst = 0.0
+    for name, expected in reference.items():
+        scale = float(expected.abs().max().clamp_min(1e-12))
+        difference = float((other[name] - expected).abs().max()) / scale
+        worst = max(worst, difference)
+        if difference > TOLERANCE:
+            print(f"gpu_matches_cpu: {name} differs by {difference:.2e} (relative)")
+    print(
+        f"gpu_matches_cpu: {arguments.data}, {len(structures)} structures, "
+        f"{arguments.device} against cpu: largest relative difference {worst:.2e} "
+        f"over {len(reference)} quantities"
+    )
+    return 0 if worst <= TOLERANCE else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
