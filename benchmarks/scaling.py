@@ -93,11 +93,11 @@ def main() -> None:
         rounds = [{label: run() for label, run in runs} for _ in range(arguments.repeats)]
         first = CONFIGS[0][0]
         for label, _, _ in CONFIGS:
-            fastest = max(found[label] for found in rounds) / max(found[first] for found in rounds)
+            rate = max(found[label] for found in rounds)
+            fastest = rate / max(found[first] for found in rounds)
             # a round's configurations run within a minute or two of each other, so its
             # own ratios are the least touched by the drift
             within = statistics.median(found[label] / found[first] for found in rounds)
-            rate = max(found[label] for found in rounds)
             print(
                 f"{name:<10}{label:<26}{rate:>14.1f}{fastest:>10.2f}{within:>18.2f}",
                 flush=True,
