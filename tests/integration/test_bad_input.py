@@ -156,6 +156,16 @@ def test_checkpoint_of_another_atomtrain_version(tmp_path, capsys):
     assert_one_line(code, error, "old.ckpt", "not an atomtrain checkpoint")
 
 
+def test_nproc_with_more_processes_than_gpus_fails_once_before_starting(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    code, error = train_with(tmp_path, capsys, "--nproc", "2", device="cuda")
+    assert_one_line(code, error, "2 processes on", "but 1 visible GPU(s)", "--nproc")
+    assert not (tmp_path / "outputs").exists()  # no worker started a run
+
+
 def test_output_path_in_missing_directory(tmp_path, capsys):
     code, error = train_with(tmp_path, capsys, "-o", tmp_path / "no" / "such" / "model.pt")
     assert_one_line(code, error, "does not exist")

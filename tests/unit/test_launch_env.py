@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from atomtrain.distributed.context import core_share, cores_of_rank, threads_for
+import torch
+
+from atomtrain.distributed.context import choose_device, core_share, cores_of_rank, threads_for
 from atomtrain.distributed.env import detect_launch, slurm_port
 from atomtrain.errors import DistributedError
 
@@ -149,3 +151,41 @@ def test_local_processes_get_equal_disjoint_core_shares():
     # alone, or more processes than cores: no binding beyond what was given
     assert core_share(cores, 0, 1) == set(cores)
     assert core_share([3], 1, 2) == {3}
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """What torch reports on a host with two GPUs; set_device only records its argument."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+def test_each_local_process_gets_its_own_gpu(two_gpus):
+    launch = detect_launch({**TORCHRUN, "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, None, None)
+    assert choose_device("auto", launch) == torch.device("cuda", 1)
+    assert two_gpus == [torch.device("cuda", 1)]
+    assert choose_device("cpu", launch) == torch.device("cpu")
+
+
+def test_more_local_processes_than_gpus_is_a_clear_error(two_gpus):
+    launch = detect_launch(TORCHRUN, None, None)  # 4 processes on this host
+    with pytest.raises(DistributedError, match=r"4 processes on .* but 2 visible GPU\(s\)"):
+        choose_device("cuda", launch)
+    assert two_gpus == []
+
+
+def test_slurm_tasks_may_each_see_only_their_own_gpu(monkeypatch, two_gpus):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # --gpus-per-task=1
+    launch = detect_launch(SLURM, None, None)  # 2 tasks on this node
+    assert choose_device("auto", launch) == torch.device("cuda", 0)
+
+
+def test_cuda_requested_without_a_gpu_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    launch = detect_launch({}, None, None)
+    with pytest.raises(DistributedError, match="no GPU is visible; set device: cpu"):
+        choose_device("cuda", launch)
+    assert choose_device("auto", launch) == torch.device("cpu")

@@ -9,7 +9,7 @@ import os
 import random
 from pathlib import Path
 
-from ..distributed.context import initialize
+from ..distributed.context import check_gpus_per_host, device_type, initialize
 from ..distributed.env import detect_launch
 from ..distributed.launch import launch_workers
 from ..errors import AtomtrainError
@@ -167,6 +167,8 @@ def run(arguments: argparse.Namespace) -> int:
             "per step; raise batch_size or use fewer processes"
         )
     if launch.kind == "spawn":
+        if device_type(options.device) == "cuda":
+            check_gpus_per_host(launch.world_size)  # once here rather than in every worker
         return launch_workers(
             strip_nproc(arguments.argv),
             launch.world_size,

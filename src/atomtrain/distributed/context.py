@@ -250,19 +250,38 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def choose_device(requested: str, local_rank: int) -> torch.device:
-    """cuda:(local_rank mod visible GPUs) on CUDA, else the CPU."""
+def device_type(requested: str) -> str:
+    """ "cuda" or "cpu" for the ``device`` option ("auto": cuda when a GPU is visible)."""
     if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda":
-        if not torch.cuda.is_available():
-            raise DistributedError(
-                "device: cuda was requested but no GPU is visible; set device: cpu"
-            )
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise DistributedError("device: cuda was requested but no GPU is visible; set device: cpu")
+    return requested
+
+
+def check_gpus_per_host(processes: int) -> None:
+    """Processes on one host that all see the host's GPUs (``--nproc``, torchrun) need one
+    each: NCCL refuses two ranks on one GPU, with an error far from the cause."""
+    visible = torch.cuda.device_count()
+    if processes > visible:
+        raise DistributedError(
+            f"{processes} processes on {hostname()} but {visible} visible GPU(s): each "
+            f"process needs a GPU of its own; start at most {visible} per host (--nproc, "
+            "torchrun --nproc_per_node) or set device: cpu"
+        )
+
+
+def choose_device(requested: str, launch: LaunchInfo) -> torch.device:
+    """cuda:(local_rank mod visible GPUs) on CUDA, else the CPU."""
+    if device_type(requested) == "cpu":
+        return torch.device("cpu")
+    if launch.kind != "slurm":
+        # under SLURM each task may see only its own GPU (--gpus-per-task), so local
+        # ranks can outnumber the GPUs a task sees
+        check_gpus_per_host(launch.local_world_size)
+    device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def threads_for(cores: int, requested: str | None) -> tuple[int, str | None]:
@@ -376,7 +395,7 @@ def run_gloo_polling_when_idle() -> None:
 def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Context:
     """Start the process group (when there are several processes), pick the device and
     place this process on its cores."""
-    device = choose_device(device_request, launch.local_rank)
+    device = choose_device(device_request, launch)
     if launch.is_distributed:
         context = start_process_group(launch, device, timeout)
     else:
