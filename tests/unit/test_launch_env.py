@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 import torch
 
 from atomtrain.distributed.context import choose_device, core_share, cores_of_rank, threads_for
