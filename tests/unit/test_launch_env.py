@@ -1,4 +1,5 @@
-"""Launcher detection is a pure function of the environment: plain dicts suffice."""
+"""Launcher detection is a pure function of the environment: plain dicts suffice. Device
+choice too, with what torch reports about GPUs stubbed."""
 
 from __future__ import annotations
 
