@@ -284,18 +284,30 @@ def test_nproc_inside_several_slurm_tasks_is_refused(workdir):
 
 
 GLOO_RANK = """
-import json, os, sys, torch
-from atomtrain.distributed.context import initialize, process_threads, threads_named
+import json, os, sys, threading, time, torch
+from atomtrain.distributed.context import initialize
 from atomtrain.distributed.env import LaunchInfo
+from atomtrain.distributed.event_loop import process_threads, threads_named
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 launch = LaunchInfo("torchrun", rank, 2, rank, 2, "127.0.0.1", port)
 context = initialize(launch, "cpu", 30.0)
 total = context.all_reduce_sum(torch.tensor([rank + 1.0]))
 cores = sorted(os.sched_getaffinity(0))
 loops = threads_named("gloo_tcp_loop")
+idle_between = [os.sched_getscheduler(thread) == os.SCHED_IDLE for thread in loops]
+# rank 0 waits 0.6 s for rank 1 in this collective: meanwhile its loops run normally
+policies_while_waiting = []
+if rank == 0:
+    look = lambda: policies_while_waiting.extend(os.sched_getscheduler(t) for t in loops)
+    threading.Timer(0.3, look).start()
+else:
+    time.sleep(0.6)
+context.all_reduce_sum(torch.tensor([1.0]))
 print(json.dumps({
     "sum": float(total),
-    "event_loops": [os.sched_getscheduler(thread) == os.SCHED_IDLE for thread in loops],
+    "event_loops": idle_between,
+    "lifted_while_waiting": policies_while_waiting,
+    "idle_again": [os.sched_getscheduler(thread) == os.SCHED_IDLE for thread in loops],
     "cores": cores,
     "threads": torch.get_num_threads(),
     "every_thread_on_them": all(
@@ -334,13 +346,17 @@ def run_two_ranks(tmp_path, prefixes):
 
 def test_gloo_event_loop_yields_to_training_and_ranks_split_the_cores(tmp_path):
     """gloo's TCP event loop spins while a peer's data waits for this rank, so each rank
-    runs it as SCHED_IDLE: it must not take the training thread's core. Two ranks given
+    runs it as SCHED_IDLE: it must not take the training thread's core. A collective
+    that waits long gives it its normal priority back until it ends. Two ranks given
     the same cores split them, every thread of a rank on its share."""
     reports = run_two_ranks(tmp_path, [[], []])
     available = sorted(os.sched_getaffinity(0))
+    lifted = reports[0]["lifted_while_waiting"]
+    assert lifted and all(policy == os.SCHED_OTHER for policy in lifted)
     for report in reports:
         assert report["sum"] == 3.0
         assert report["event_loops"] and all(report["event_loops"])
+        assert report["idle_again"] and all(report["idle_again"])
         assert report["every_thread_on_them"]
         assert report["threads"] == len(report["cores"]) == len(available) // 2
     assert not set(reports[0]["cores"]) & set(reports[1]["cores"])

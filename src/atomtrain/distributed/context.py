@@ -10,9 +10,8 @@ import datetime
 import errno
 import os
 import socket
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ import torch.distributed as dist
 
 from ..errors import DistributedError
 from .env import LaunchInfo, hostname
+from .event_loop import EventLoopPriority, process_threads
 from .faults import (
     PeerFailure,
     announce_failure,
@@ -42,6 +42,7 @@ class Context:
     timeout: float = 300.0
     hosts: list[str] = field(default_factory=list)  # host of each rank
     notes: list[str] = field(default_factory=list)  # for the log, once it is open
+    event_loop: EventLoopPriority | None = None  # gloo's, kept out of the way of compute
 
     @property
     def is_main(self) -> bool:
@@ -66,10 +67,12 @@ class Context:
         if not self.is_distributed:
             return tensor
         if tensor.device == self.device:
-            dist.all_reduce(tensor, op=op)
+            with self.communicating():
+                dist.all_reduce(tensor, op=op)
             return tensor
         travelling = tensor.to(self.device)
-        dist.all_reduce(travelling, op=op)
+        with self.communicating():
+            dist.all_reduce(travelling, op=op)
         return tensor.copy_(travelling)
 
     def broadcast_object(self, value: Any) -> Any:
@@ -77,27 +80,31 @@ class Context:
         if not self.is_distributed:
             return value
         holder = [value]
-        dist.broadcast_object_list(holder, src=0)
+        with self.communicating():
+            dist.broadcast_object_list(holder, src=0)
         return holder[0]
 
     def all_gather_objects(self, value: Any) -> list[Any]:
         if not self.is_distributed:
             return [value]
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, value)
+        with self.communicating():
+            dist.all_gather_object(gathered, value)
         return gathered
 
     def barrier(self) -> None:
         if self.is_distributed:
-            dist.barrier()
+            with self.communicating():
+                dist.barrier()
 
     def broadcast_parameters(self, model: torch.nn.Module) -> None:
         """Rank 0's parameters and buffers on every rank (they are built from the same
         seed; this makes the start identical even if a rank's build differed)."""
         if not self.is_distributed:
             return
-        for tensor in [*model.parameters(), *model.buffers()]:
-            dist.broadcast(tensor.data, src=0)
+        with self.communicating():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor.data, src=0)
 
     def sum_gradients(self, parameters: list[torch.Tensor], extra: torch.Tensor) -> torch.Tensor:
         """Sum the parameters' gradients over ranks, with ``extra`` (a few small counts)
@@ -119,7 +126,8 @@ class Context:
             return extra
         dtype = gradients[0].dtype
         flat = torch.cat([gradient.reshape(-1) for gradient in gradients] + [extra.to(dtype)])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        with self.communicating():
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0
         for parameter in parameters:
             parameter.grad = flat[offset : offset + parameter.numel()].view_as(parameter)
@@ -140,6 +148,10 @@ class Context:
         entries = self.all_gather_objects((self.rank, label, device))
         self.hosts = [host for _, host, _ in entries]
         return entries
+
+    def communicating(self) -> AbstractContextManager[None]:
+        """Around every collective (see EventLoopPriority)."""
+        return self.event_loop.collective() if self.event_loop else nullcontext()
 
     @contextmanager
     def guard(self):
@@ -176,7 +188,7 @@ class Context:
         if self.is_distributed and dist.is_initialized():
             try:
                 with self.guard():
-                    dist.barrier()
+                    self.barrier()
             finally:
                 dist.destroy_process_group()
 
@@ -353,45 +365,6 @@ def place_process(context: Context) -> str | None:
     return note
 
 
-def process_threads() -> list[int]:
-    """Ids of this process's threads (Linux; none elsewhere)."""
-    try:
-        return [int(task.name) for task in Path("/proc/self/task").iterdir()]
-    except (OSError, ValueError):
-        return []
-
-
-def threads_named(name: str) -> list[int]:
-    """Ids of this process's threads called ``name`` (Linux; none elsewhere)."""
-    found = []
-    for thread in process_threads():
-        try:
-            if Path(f"/proc/self/task/{thread}/comm").read_text().strip() == name:
-                found.append(thread)
-        except OSError:
-            continue  # the thread ended meanwhile
-    return found
-
-
-def run_gloo_polling_when_idle() -> None:
-    """Schedule gloo's TCP event loop as SCHED_IDLE.
-
-    When a peer's data arrives before this rank has posted the matching receive, the
-    event loop spins on epoll (the data stays unread, so it is always ready; gloo issue
-    246). On the rank's own core it then takes turns with the thread that would post the
-    receive, and with the training thread: a collective took 3-7 ms instead of 0.4 ms
-    after 25 ms of compute. SCHED_IDLE lets it run only while the rank's other threads
-    wait, which is when it has work to do.
-    """
-    if not hasattr(os, "sched_setscheduler"):
-        return
-    for thread in threads_named("gloo_tcp_loop"):
-        try:
-            os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
-        except OSError:
-            continue  # not allowed here: gloo keeps its default
-
-
 def initialize(launch: LaunchInfo, device_request: str, timeout: float) -> Context:
     """Start the process group (when there are several processes), pick the device and
     place this process on its cores."""
@@ -458,8 +431,6 @@ def start_process_group(launch: LaunchInfo, device: torch.device, timeout: float
             f"within {timeout:g} s; check that rank 0 started and that the address and "
             "port are reachable (distributed.timeout sets the wait)"
         ) from error
-    if backend == "gloo":
-        run_gloo_polling_when_idle()
     return Context(
         rank=launch.rank,
         world_size=launch.world_size,
@@ -468,4 +439,5 @@ def start_process_group(launch: LaunchInfo, device: torch.device, timeout: float
         device=device,
         master=address,
         timeout=timeout,
+        event_loop=EventLoopPriority.for_this_process() if backend == "gloo" else None,
     )
