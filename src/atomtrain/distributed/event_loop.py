@@ -16,6 +16,7 @@ seconds (much longer than one normally takes), and SCHED_IDLE again when it ends
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -55,10 +56,15 @@ class EventLoopPriority:
         self.lock = threading.Lock()
         self.waiting_since: float | None = None
         self.lifted = False
+        self.stopped = threading.Event()
+        self.watchdog: threading.Thread | None = None
         self.schedule(os.SCHED_IDLE)
         if threads:
-            watchdog = threading.Thread(target=self.watch, name="atomtrain-loop", daemon=True)
-            watchdog.start()
+            self.watchdog = threading.Thread(target=self.watch, name="atomtrain-loop", daemon=True)
+            self.watchdog.start()
+            # ended before the interpreter shuts down: a daemon thread that wakes up
+            # during shutdown is ended from under it
+            atexit.register(self.stop)
 
     @classmethod
     def for_this_process(cls) -> EventLoopPriority | None:
@@ -91,9 +97,13 @@ class EventLoopPriority:
                     self.schedule(os.SCHED_IDLE)
                     self.lifted = False
 
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.watchdog is not None and self.watchdog is not threading.current_thread():
+            self.watchdog.join(timeout=1.0)
+
     def watch(self) -> None:
-        while True:
-            time.sleep(self.patience)
+        while not self.stopped.wait(self.patience):
             with self.lock:
                 since = self.waiting_since
                 if since is None or self.lifted or time.monotonic() - since < self.patience:
