@@ -263,7 +263,8 @@ def free_port() -> int:
 
 
 def device_type(requested: str) -> str:
-    """ "cuda" or "cpu" for the ``device`` option ("auto": cuda when a GPU is visible)."""
+    """The device type (cuda or cpu) the ``device`` option asks for; auto is cuda when
+    a GPU is visible."""
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
