@@ -307,7 +307,7 @@ def main() -> None:
                 values = [seed_errors[key] for seed_errors in errors[tool]]
                 listed = " ".join(f"{value:.1f}" for value in values)
                 cells.append(f"{listed} | {sum(values) / len(values):.2f}")
-            print(f"{name:<10}{tool:<11}" + "".join(f"{cell:>34}" for cell in cells))
+            print(f"{name:<10}{tool:<11}" + "".join(f" {cell:>33}" for cell in cells))
 
 
 if __name__ == "__main__":
