@@ -66,14 +66,10 @@ class Context:
         (the energy baseline) are made on the CPU."""
         if not self.is_distributed:
             return tensor
-        if tensor.device == self.device:
-            with self.communicating():
-                dist.all_reduce(tensor, op=op)
-            return tensor
-        travelling = tensor.to(self.device)
+        travelling = tensor.to(self.device)  # the tensor itself when already there
         with self.communicating():
             dist.all_reduce(travelling, op=op)
-        return tensor.copy_(travelling)
+        return tensor if travelling is tensor else tensor.copy_(travelling)
 
     def broadcast_object(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
@@ -125,9 +121,9 @@ class Context:
                 parameter.grad = gradient
             return extra
         dtype = gradients[0].dtype
-        flat = torch.cat([gradient.reshape(-1) for gradient in gradients] + [extra.to(dtype)])
-        with self.communicating():
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat = self.all_reduce_sum(
+            torch.cat([gradient.reshape(-1) for gradient in gradients] + [extra.to(dtype)])
+        )
         offset = 0
         for parameter in parameters:
             parameter.grad = flat[offset : offset + parameter.numel()].view_as(parameter)
