@@ -1,4 +1,5 @@
-"""The training loss: per-atom energy, force components, and stress as virial per atom."""
+"""The training loss: per-atom energy, force components, and stress as virial per atom;
+and the metric that picks the best model, which weighs errors as the loss does."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import pytest
 import torch
 
 from atomtrain.data import collate
-from atomtrain.options import LossOptions
+from atomtrain.options import LossOptions, parse_options
+from atomtrain.training.loop import selection_metric
 from atomtrain.training.losses import GlobalCounts, batch_loss
+from atomtrain.training.metrics import MetricSums, finalize
 
 from helpers import structure_from_atoms
 
@@ -47,3 +50,22 @@ def test_stress_loss_does_not_depend_on_the_cell_size():
     small = loss_of_stress_error(labelled_silicon((1, 1, 1)), error)
     large = loss_of_stress_error(labelled_silicon((2, 1, 1)), error)
     assert small > 0 and large == pytest.approx(small, rel=1e-12)
+
+
+def test_best_model_is_picked_by_the_errors_the_loss_weighs():
+    """Validation's selection metric sums the same squared errors as the loss, stress as
+    a virial per atom, not in eV/A^3 (where silicon's errors count 400 times less)."""
+    structure = labelled_silicon((1, 1, 1))
+    batch = collate([structure], 3.0)
+    assert batch.energy is not None and batch.forces is not None
+    predictions = {
+        "energy": batch.energy + 0.08,
+        "forces": batch.forces + 0.01,
+        "stress": torch.full((1, 3, 3), 2e-3, dtype=torch.float64),
+    }
+    counts = GlobalCounts(structures=1, force_components=3 * structure.n_atoms, stress_components=9)
+    loss = float(batch_loss(predictions, batch, LossOptions(), counts))
+    sums = MetricSums()
+    sums.accumulate(predictions, batch)
+    options = parse_options({"training_set": "unused.xyz"})
+    assert selection_metric(finalize(sums.values), options) == pytest.approx(loss, rel=1e-12)

@@ -115,14 +115,17 @@ def global_counts(structures: list[Structure], indices: list[int]) -> GlobalCoun
 
 def selection_metric(metrics: dict[str, float], options: Options) -> float:
     """Weighted sum of the per-target errors the loss uses: validation picks the best
-    model by it (MAE for an MAE loss, else squared errors)."""
+    model by it (MAE for an MAE loss, else squared errors). Stress counts as the loss
+    counts it, as a virial per atom: in eV/A^3 its errors are some 400 times smaller
+    squared, and the model with the best forces was chosen whatever its energies on
+    strained cells (docs/performance.md)."""
     weights = options.architecture.training.loss.weights  # type: ignore[union-attr]
     kind = "mae" if options.architecture.training.loss.type == "mae" else "rmse"  # type: ignore[union-attr]
     total = 0.0
     for target, weight in (
         ("energy_per_atom", weights.energy),
         ("forces", weights.forces),
-        ("stress", weights.stress),
+        ("virial_per_atom", weights.stress),
     ):
         value = metrics.get(f"{target}_{kind}")
         if value is not None:

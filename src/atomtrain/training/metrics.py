@@ -7,6 +7,7 @@ import math
 import torch
 
 from ..data.batch import Batch
+from .losses import volume_per_atom
 
 SUM_NAMES = (
     "energy_per_atom_squared",
@@ -21,6 +22,8 @@ SUM_NAMES = (
     "stress_absolute",
     "stress_components",
     "loss",
+    "virial_per_atom_squared",
+    "virial_per_atom_absolute",
 )
 
 # metric name -> (sum name, count name, root?)
@@ -33,6 +36,9 @@ METRICS = {
     "forces_mae": ("forces_absolute", "force_components", False),
     "stress_rmse": ("stress_squared", "stress_components", True),
     "stress_mae": ("stress_absolute", "stress_components", False),
+    # the stress error as the loss weighs it (volume_per_atom): what picks the best model
+    "virial_per_atom_rmse": ("virial_per_atom_squared", "stress_components", True),
+    "virial_per_atom_mae": ("virial_per_atom_absolute", "stress_components", False),
 }
 
 UNITS = {
@@ -40,6 +46,7 @@ UNITS = {
     "energy": "eV",
     "forces": "eV/A",
     "stress": "eV/A^3",
+    "virial_per_atom": "eV/atom",
 }
 
 
@@ -78,6 +85,9 @@ class MetricSums:
             self.add("stress_squared", (difference**2).sum())
             self.add("stress_absolute", difference.abs().sum())
             self.add("stress_components", difference.numel())
+            virial = difference * volume_per_atom(batch).double()
+            self.add("virial_per_atom_squared", (virial**2).sum())
+            self.add("virial_per_atom_absolute", virial.abs().sum())
         if loss is not None:
             self.add("loss", loss.detach().double())
 
