@@ -11,7 +11,7 @@ from atomtrain.data import collate
 from atomtrain.options import LossOptions, parse_options
 from atomtrain.training.loop import selection_metric
 from atomtrain.training.losses import GlobalCounts, batch_loss
-from atomtrain.training.metrics import MetricSums, finalize
+from atomtrain.training.metrics import SUM_NAMES, MetricSums, finalize, resumed_sums
 
 from helpers import structure_from_atoms
 
@@ -69,3 +69,12 @@ def test_best_model_is_picked_by_the_errors_the_loss_weighs():
     sums.accumulate(predictions, batch)
     options = parse_options({"training_set": "unused.xyz"})
     assert selection_metric(finalize(sums.values), options) == pytest.approx(loss, rel=1e-12)
+
+
+def test_sums_of_an_older_checkpoint_resume_with_the_new_sums_at_zero():
+    saved = torch.arange(1.0, len(SUM_NAMES) - 1, dtype=torch.float64)  # two sums fewer
+    completed = resumed_sums(saved)
+    assert completed.shape == (len(SUM_NAMES),)
+    assert torch.equal(completed[: saved.shape[0]], saved) and not completed[-2:].any()
+    current = torch.ones(len(SUM_NAMES), dtype=torch.float64)
+    assert resumed_sums(current) is current

@@ -31,7 +31,7 @@ from .checkpoint import save_checkpoint
 from .datasets import Datasets, elements, load_datasets
 from .evaluation import metric_sums, predict
 from .losses import GlobalCounts, batch_loss
-from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together
+from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
 from .outputs import LOGGER_NAME, append_csv, plot_learning_curves, write_run_record
 from .schedule import make_scheduler
 from .stopping import NonFiniteLoss, ParametersDiverged, StopRequest, TrainingStopped
@@ -207,7 +207,7 @@ class Trainer:
             self.start_epoch = int(state["epoch"])
             self.start_step = int(state.get("step", 0))
             if self.start_step and context.is_main:
-                self.resumed_sums = state["epoch_sums"].to(context.device)
+                self.resumed_sums = resumed_sums(state["epoch_sums"]).to(context.device)
             self.global_step = self.start_epoch * self.steps_per_epoch + self.start_step
             self.best_metric = float(state["best_metric"])
             self.best_epoch = int(state["best_epoch"])

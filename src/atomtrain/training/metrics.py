@@ -92,6 +92,14 @@ class MetricSums:
             self.add("loss", loss.detach().double())
 
 
+def resumed_sums(values: torch.Tensor) -> torch.Tensor:
+    """Sums saved by a checkpoint, completed with zeros for sums added to SUM_NAMES since
+    (always at its end): a run preempted mid-epoch resumes after an update of atomtrain,
+    and only that epoch's new metrics miss the steps before the preemption."""
+    missing = len(SUM_NAMES) - values.shape[0]
+    return torch.cat([values, values.new_zeros(missing)]) if missing > 0 else values
+
+
 def finalize(values: torch.Tensor) -> dict[str, float]:
     """Metrics from (already reduced) sums; targets without data are left out."""
     sums = dict(zip(SUM_NAMES, values.cpu().tolist()))
