@@ -41,14 +41,6 @@ METRICS = {
     "virial_per_atom_mae": ("virial_per_atom_absolute", "stress_components", False),
 }
 
-UNITS = {
-    "energy_per_atom": "eV/atom",
-    "energy": "eV",
-    "forces": "eV/A",
-    "stress": "eV/A^3",
-    "virial_per_atom": "eV/atom",
-}
-
 
 class MetricSums:
     """Running sums of errors and counts, kept as one float64 tensor."""
