@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import OptionsError
 
@@ -80,7 +87,19 @@ class LossOptions(Strict):
 class TrainingOptions(Strict):
     batch_size: Annotated[int, Field(ge=1)] = 8
     """Structures per optimisation step, summed over all processes (the global batch;
-    metatrain's batch_size is per GPU instead)."""
+    metatrain's batch_size is per GPU instead). Unused for training when
+    max_atoms_per_batch is set."""
+    max_atoms_per_batch: Annotated[int, Field(ge=1)] | None = None
+    """Pack the global batches by atom count instead of taking batch_size structures:
+    structures, in an order shuffled once with the seed, go into a batch until the next
+    would take it past this many atoms (all processes together; metatrain's limit is
+    per GPU). The batches are packed once and shuffled as wholes every epoch, as
+    metatrain does; a structure larger than the limit is a batch of its own. Validation
+    and test structures are then evaluated in batches of at most this many atoms per
+    process."""
+    min_atoms_per_batch: Annotated[int, Field(ge=0)] = 0
+    """With max_atoms_per_batch: packed batches holding fewer atoms than this are left
+    out of training, with their structures, for the whole run."""
     num_epochs: Annotated[int, Field(ge=1)] = 100
     """Passes over the training set."""
     learning_rate: Annotated[float, Field(gt=0)] = 0.001
@@ -119,6 +138,16 @@ class TrainingOptions(Strict):
     @classmethod
     def _loss_as_options(cls, value: Any) -> LossOptions:
         return LossOptions(type=value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _atoms_per_batch_in_order(self) -> TrainingOptions:
+        limit = self.max_atoms_per_batch
+        if limit is not None and self.min_atoms_per_batch > limit:
+            raise ValueError(
+                f"min_atoms_per_batch ({self.min_atoms_per_batch}) exceeds "
+                f"max_atoms_per_batch ({limit}): no batch could be kept; lower it"
+            )
+        return self
 
 
 class ArchitectureOptions(Strict):

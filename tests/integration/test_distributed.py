@@ -126,6 +126,35 @@ def test_float32_nproc_2_matches_single_process_to_rounding(workdir, tmp_path_fa
     assert_same_run(run, reference_run, tolerance=1e-3)
 
 
+def test_batches_packed_by_atoms_give_the_single_process_model(tmp_path_factory):
+    """Batches packed by atom count hold one to four molecules of 3 to 17 atoms (qm9);
+    a molecule larger than the limit is a batch of its own, leaving a rank without work:
+    two processes still train the single-process model."""
+    frames = ase.io.read(RESOURCES / "qm9_reduced_100.xyz", ":")
+    frames = frames[:8] + frames[48:76]
+    runs = []
+    for extra in ([], ["--nproc", "2"]):
+        directory = tmp_path_factory.mktemp("packed")
+        ase.io.write(directory / "qm9.xyz", frames, format="extxyz")
+        options = write_options(
+            directory,
+            directory / "qm9.xyz",
+            training_set={"systems": "qm9.xyz", "targets": {"energy": {"key": "U0"}}},
+            architecture__training__max_atoms_per_batch=16,
+            architecture__training__min_atoms_per_batch=6,
+            architecture__training__num_epochs=2,
+        )
+        command = [PYTHON, "-m", "atomtrain", "train", str(options), *extra]
+        run, _ = launch(command, directory)
+        log = (run / "train.log").read_text()
+        assert "training batches packed by atom count:" in log
+        assert "structures larger than the limit, each a batch of its own: 1" in log
+        idle_warning = "1.2 structures on average for 2 processes: some processes have nothing"
+        assert (idle_warning in log) == bool(extra)
+        runs.append(run)
+    assert_same_run(runs[1], runs[0])
+
+
 def test_torchrun_equals_single_process(reference, workdir):
     torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
     run, _ = launch(

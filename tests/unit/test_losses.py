@@ -8,12 +8,15 @@ import pytest
 import torch
 
 from atomtrain.data import collate
+from atomtrain.distributed.context import single_process
 from atomtrain.options import LossOptions, parse_options
+from atomtrain.training.evaluation import metric_sums
 from atomtrain.training.loop import selection_metric
 from atomtrain.training.losses import GlobalCounts, batch_loss
 from atomtrain.training.metrics import SUM_NAMES, MetricSums, finalize, resumed_sums
 
-from helpers import structure_from_atoms
+from conftest import RESOURCES
+from helpers import read, small_model, structure_from_atoms
 
 
 def labelled_silicon(repeat: tuple[int, int, int]):
@@ -78,3 +81,13 @@ def test_sums_of_an_older_checkpoint_resume_with_the_new_sums_at_zero():
     assert torch.equal(completed[: saved.shape[0]], saved) and not completed[-2:].any()
     current = torch.ones(len(SUM_NAMES), dtype=torch.float64)
     assert resumed_sums(current) is current
+
+
+def test_metric_sums_do_not_depend_on_how_structures_are_batched():
+    structures = read(RESOURCES / "tio2_30.xyz")[:7]  # 24 atoms each
+    model = small_model([8, 22])
+    context = single_process(torch.device("cpu"))
+    by_count = metric_sums(model, structures, context, 3, torch.float64)
+    by_atoms = metric_sums(model, structures, context, 3, torch.float64, max_atoms=50)
+    assert by_count[SUM_NAMES.index("structures")] == 7
+    torch.testing.assert_close(by_atoms, by_count, rtol=1e-12, atol=0.0)

@@ -66,6 +66,16 @@ def test_metatrain_soap_bpnn_file_runs_unchanged(tmp_path):
     assert options.training_set.systems.read_from == str(tmp_path / "data.xyz")
 
 
+def test_metatrain_atom_packing_keys_are_understood():
+    training = {"batch_size": 4, "max_atoms_per_batch": 300, "min_atoms_per_batch": 50}
+    options = parse_options({"training_set": "data.xyz", "architecture": {"training": training}})
+    assert options.architecture.training.max_atoms_per_batch == 300
+    assert options.architecture.training.min_atoms_per_batch == 50
+    training["min_atoms_per_batch"] = 400
+    with pytest.raises(OptionsError, match="min_atoms_per_batch .400. exceeds max_atoms_per"):
+        parse_options({"training_set": "data.xyz", "architecture": {"training": training}})
+
+
 def test_overrides_change_nested_values(tmp_path):
     path = tmp_path / "options.yaml"
     path.write_text(METATRAIN_OPTIONS)

@@ -8,7 +8,15 @@ import ase.build
 import pytest
 
 from atomtrain.data.neighbors import pair_count
-from atomtrain.data.sampler import balanced_shard, epoch_order, global_batches, shard_by_work
+from atomtrain.data.sampler import (
+    BatchPlan,
+    balanced_shard,
+    epoch_order,
+    global_batches,
+    pack_by_atoms,
+    packed_plan,
+    shard_by_work,
+)
 
 from helpers import structure_from_atoms
 
@@ -58,3 +66,35 @@ def test_shard_by_work_deals_by_neighbor_pairs():
         balanced_shard(indices, [pairs[index] for index in indices], rank, 2) for rank in range(2)
     ]
     assert parts[0] == [1]  # the 64-atom cell outweighs the three others together
+
+
+def test_packing_closes_a_batch_when_the_next_structure_would_pass_the_limit():
+    atom_counts = [5, 9, 3, 12, 7, 1, 20, 4]
+    order = [3, 0, 6, 1, 2, 5, 4, 7]
+    batches = pack_by_atoms(order, atom_counts, max_atoms=15)
+    # 12 | 5 | 20 (larger than the limit: alone, not dropped) | 9 3 1 | 7 4
+    assert batches == [[3], [0], [6], [1, 2, 5], [4, 7]]
+    # min_atoms leaves out the batch of 5 atoms, keeps the one of exactly 11
+    assert pack_by_atoms(order, atom_counts, 15, min_atoms=11) == [[3], [6], [1, 2, 5], [4, 7]]
+
+
+def test_packed_batches_are_fixed_and_presented_in_a_new_order_each_epoch():
+    generator = random.Random(7)
+    atom_counts = [generator.randint(6, 95) for _ in range(60)]
+    plan = packed_plan(atom_counts, seed=4, max_atoms=200)
+    assert plan == packed_plan(atom_counts, seed=4, max_atoms=200)
+    assert plan.packed != packed_plan(atom_counts, seed=5, max_atoms=200).packed
+    assert sorted(sum(plan.packed, [])) == list(range(60))  # every structure, once
+    epochs = [plan.batches(epoch) for epoch in range(3)]
+    for batches in epochs:
+        assert len(batches) == plan.steps_per_epoch == len(plan.packed)
+        assert sorted(batches) == sorted(plan.packed)
+        assert all(sum(atom_counts[index] for index in batch) <= 200 for batch in batches)
+    assert epochs[0] != epochs[1] != epochs[2]
+
+
+def test_fixed_size_plan_cuts_each_epoch_permutation():
+    plan = BatchPlan(n_structures=50, batch_size=8, seed=3)
+    assert plan.steps_per_epoch == 7
+    for epoch in range(2):
+        assert plan.batches(epoch) == global_batches(epoch_order(50, 3, epoch), 8)

@@ -160,7 +160,8 @@ def run(arguments: argparse.Namespace) -> int:
         check_output_path(arguments.output)
     launch = detect_launch(os.environ, arguments.nproc, options.distributed.port)
     batch_size = options.architecture.training.batch_size
-    if launch.world_size > batch_size:
+    packed = options.architecture.training.max_atoms_per_batch is not None
+    if launch.world_size > batch_size and not packed:
         raise AtomtrainError(
             f"{launch.world_size} processes but architecture.training.batch_size is "
             f"{batch_size} (the global batch): each process needs at least one structure "

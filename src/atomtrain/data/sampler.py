@@ -1,10 +1,12 @@
-"""Global batch order: one seeded permutation per epoch, cut into global batches, each
-dealt to the ranks. Every rank computes the same order, so no communication is needed
-and a run with N processes sees exactly the batches of a run with one."""
+"""Global batch order: one seeded permutation per epoch, cut into global batches (or
+batches packed once by atom count, presented in a seeded order per epoch), each dealt to
+the ranks. Every rank computes the same order, so no communication is needed and a run
+with N processes sees exactly the batches of a run with one."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -21,6 +23,65 @@ def epoch_order(n_structures: int, seed: int, epoch: int) -> list[int]:
 def global_batches(order: list[int], batch_size: int) -> list[list[int]]:
     """Consecutive global batches; the last one may be short."""
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def pack_by_atoms(
+    order: list[int], atom_counts: Sequence[int], max_atoms: int, min_atoms: int = 0
+) -> list[list[int]]:
+    """Consecutive batches of ``order`` (indices into ``atom_counts``) holding at most
+    ``max_atoms`` atoms: a batch is closed when the next structure would take it past
+    the limit. A structure larger than the limit is a batch of its own (it cannot be
+    split, and dropping it would train on less data than the user gave). Batches with
+    fewer than ``min_atoms`` atoms are left out."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    atoms = 0
+    for index in order:
+        if current and atoms + atom_counts[index] > max_atoms:
+            batches.append(current)
+            current, atoms = [], 0
+        current.append(index)
+        atoms += atom_counts[index]
+    if current:
+        batches.append(current)
+    return [batch for batch in batches if sum(atom_counts[i] for i in batch) >= min_atoms]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How the training set is cut into global batches, epoch by epoch: ``batch_size``
+    structures from each epoch's permutation, or, when ``packed`` is given, those fixed
+    batches in a new seeded order each epoch (so every epoch has the same number of
+    steps, which the learning-rate schedule needs up front)."""
+
+    n_structures: int
+    batch_size: int  # unused when packed
+    seed: int
+    packed: list[list[int]] | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        if self.packed is not None:
+            return len(self.packed)
+        return steps_per_epoch(self.n_structures, self.batch_size)
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        if self.packed is None:
+            order = epoch_order(self.n_structures, self.seed, epoch)
+            return global_batches(order, self.batch_size)
+        return [self.packed[i] for i in epoch_order(len(self.packed), self.seed, epoch)]
+
+
+def packed_plan(
+    atom_counts: Sequence[int], seed: int, max_atoms: int, min_atoms: int = 0
+) -> BatchPlan:
+    """Batches packed once by atom count from a seeded permutation of the structures,
+    as metatrain and fairchem pack (the generator's seed is one no epoch of the first
+    999,983 uses)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + 999_983)
+    order = torch.randperm(len(atom_counts), generator=generator).tolist()
+    packed = pack_by_atoms(order, atom_counts, max_atoms, min_atoms)
+    return BatchPlan(len(atom_counts), 0, seed, packed)
 
 
 def shard(items: list[int], rank: int, world_size: int) -> list[int]:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from ..data.batch import Batch, collate
-from ..data.sampler import shard_by_work
+from ..data.sampler import global_batches, pack_by_atoms, shard_by_work
 from ..data.system import Structure
 from ..distributed import Context
 from .metrics import MetricSums
@@ -42,10 +42,19 @@ def predict(
 
 
 def local_batches(
-    structures: list[Structure], indices: list[int], batch_size: int, cutoff: float
+    structures: list[Structure],
+    indices: list[int],
+    batch_size: int,
+    cutoff: float,
+    max_atoms: int | None = None,
 ) -> Iterator[tuple[list[int], Batch]]:
-    for start in range(0, len(indices), batch_size):
-        chunk = indices[start : start + batch_size]
+    """``indices`` in order, ``batch_size`` at a time or, with ``max_atoms``, as many as
+    fit in that many atoms."""
+    if max_atoms is None:
+        chunks = global_batches(indices, batch_size)
+    else:
+        chunks = pack_by_atoms(indices, [structure.n_atoms for structure in structures], max_atoms)
+    for chunk in chunks:
         yield chunk, collate([structures[index] for index in chunk], cutoff)
 
 
@@ -55,8 +64,10 @@ def metric_sums(
     context: Context,
     batch_size: int,
     dtype: torch.dtype,
+    max_atoms: int | None = None,
 ) -> torch.Tensor:
-    """This rank's error sums over its shard (every rank must call the reduction)."""
+    """This rank's error sums over its shard (every rank must call the reduction), in
+    batches of ``batch_size`` structures or of at most ``max_atoms`` atoms."""
     sums = MetricSums(context.device)
     if not structures:
         return sums.values
@@ -65,7 +76,7 @@ def metric_sums(
     indices = shard_by_work(structures, everything, cutoff, context.rank, context.world_size)
     forces = structures[0].forces is not None
     stress = all(structure.stress is not None for structure in structures)
-    for _, batch in local_batches(structures, indices, batch_size, cutoff):
+    for _, batch in local_batches(structures, indices, batch_size, cutoff, max_atoms):
         batch = batch.to(context.device, dtype)
         predictions = predict(model, batch, forces, stress)
         sums.accumulate(predictions, batch)

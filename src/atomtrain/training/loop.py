@@ -20,13 +20,14 @@ import torch
 import tqdm
 
 from ..data.batch import collate, empty_batch
-from ..data.sampler import epoch_order, global_batches, shard, shard_by_work, steps_per_epoch
+from ..data.sampler import BatchPlan, packed_plan, shard, shard_by_work
 from ..data.system import Structure
 from ..distributed import Context
+from ..errors import DataError
 from ..models.composition import composition_counts, normal_equation_sums, solve_baseline
 from ..models.export import export
 from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
-from ..options import Options, expanded
+from ..options import Options, TrainingOptions, expanded
 from .checkpoint import save_checkpoint
 from .datasets import Datasets, elements, load_datasets
 from .evaluation import metric_sums, predict
@@ -102,6 +103,41 @@ def fit_baseline(
     model.set_baseline(baseline, scale)
     listing = ", ".join(f"Z={z}: {e:.6f} eV" for z, e in zip(types, baseline.tolist()))
     logger.info(f"per-element energy baseline: {listing}; target scale {scale:.6g} eV")
+
+
+def batch_plan(
+    training: list[Structure], options: TrainingOptions, seed: int, world_size: int
+) -> BatchPlan:
+    """Fixed-size global batches, or batches packed by atom count (logged, since how
+    many structures a step holds then depends on the data)."""
+    limit = options.max_atoms_per_batch
+    if limit is None:
+        return BatchPlan(len(training), options.batch_size, seed)
+    atom_counts = [structure.n_atoms for structure in training]
+    plan = packed_plan(atom_counts, seed, limit, options.min_atoms_per_batch)
+    packed = plan.packed or []
+    if not packed:
+        raise DataError(
+            f"no training batch holds architecture.training.min_atoms_per_batch = "
+            f"{options.min_atoms_per_batch} atoms (the training set has "
+            f"{sum(atom_counts)} in all); lower min_atoms_per_batch"
+        )
+    kept = sum(len(batch) for batch in packed)
+    average = kept / len(packed)
+    notes = [f"{len(packed)} of at most {limit} atoms, {average:.1f} structures on average"]
+    if kept < len(training):
+        notes.append(f"structures left out by min_atoms_per_batch: {len(training) - kept}")
+    larger = sum(1 for count in atom_counts if count > limit)
+    if larger:
+        notes.append(f"structures larger than the limit, each a batch of its own: {larger}")
+    logger.info("training batches packed by atom count: " + "; ".join(notes))
+    if average < world_size:
+        logger.warning(
+            f"packed batches hold {average:.1f} structures on average for {world_size} "
+            "processes: some processes have nothing to do in most steps; raise "
+            "architecture.training.max_atoms_per_batch"
+        )
+    return plan
 
 
 def global_counts(structures: list[Structure], indices: list[int]) -> GlobalCounts:
@@ -187,7 +223,8 @@ class Trainer:
         self.optimizer = torch.optim.Adam(
             self.parameters, lr=self.training_options.learning_rate, fused=True
         )
-        self.steps_per_epoch = steps_per_epoch(len(training), self.training_options.batch_size)
+        self.plan = batch_plan(training, self.training_options, seed, context.world_size)
+        self.steps_per_epoch = self.plan.steps_per_epoch
         self.scheduler = make_scheduler(
             self.optimizer,
             self.training_options.num_epochs * self.steps_per_epoch,
@@ -229,9 +266,7 @@ class Trainer:
         sums = MetricSums(context.device)
         if start_step and self.resumed_sums is not None:
             sums.values += self.resumed_sums
-        batches = global_batches(
-            epoch_order(len(training), self.seed, epoch), self.training_options.batch_size
-        )
+        batches = self.plan.batches(epoch)
         show_bar = context.is_main and sys.stderr.isatty()
         progress = tqdm.tqdm(
             total=len(batches),
@@ -313,6 +348,7 @@ class Trainer:
             self.context,
             self.training_options.batch_size,
             self.dtype,
+            self.training_options.max_atoms_per_batch,
         )
 
     def checkpoint_state(
