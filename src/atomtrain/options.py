@@ -1,8 +1,10 @@
 """The options file: pydantic models whose field docstrings are the reference docs.
 
 A metatrain options file for ``soap_bpnn`` runs unchanged where the meaning is the
-same. Differences: ``batch_size`` is the global batch over all processes, and the
-``distributed`` section is ours.
+same, the fully expanded one metatrain writes included: its keys for features atomtrain
+lacks are accepted at their defaults only, those about its own machinery are ignored.
+Differences: ``batch_size`` and ``max_atoms_per_batch`` are global over all processes,
+and the ``distributed`` section is ours.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -26,6 +29,58 @@ from .errors import OptionsError
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+def _unsupported_unless(value: Any, condition: bool, reason: str) -> Any:
+    """``value`` of a metatrain key that atomtrain accepts at its default only, if
+    ``condition`` (it is that default) holds."""
+    if not condition:
+        raise ValueError(f"{reason} in atomtrain; remove the key or use its default")
+    return value
+
+
+def _one_data_set(value: Any, name: str) -> Any:
+    """metatrain's list form of a data set section: one entry only."""
+    if not isinstance(value, list):
+        return value
+    if len(value) != 1:
+        raise ValueError(
+            f"{name} lists {len(value)} data sets; atomtrain takes one per section: "
+            "concatenate the files into one"
+        )
+    return value[0]
+
+
+def _loss_from_metatrain(spec: dict) -> dict:
+    """metatrain's per-target loss, {energy: {type, weight, reduction, gradients:
+    {positions: ..., strain: ...}}}, as LossOptions' fields (one type for all)."""
+    unknown = sorted(set(spec) - {"energy"})
+    if unknown:
+        raise ValueError(f"losses for {unknown}: atomtrain learns the energy target only")
+    energy = spec["energy"]
+    energy = {"type": energy} if isinstance(energy, str) else dict(energy)
+    parts = {"energy": energy}
+    gradient_names = {"positions": "forces", "strain": "stress"}
+    for name, part in (energy.pop("gradients", None) or {}).items():
+        if name not in gradient_names:
+            raise ValueError(f"loss on the '{name}' gradient: only positions and strain")
+        parts[gradient_names[name]] = {"type": part} if isinstance(part, str) else part
+    types = {part.get("type", "mse") for part in parts.values()}
+    if len(types) > 1:
+        raise ValueError(f"atomtrain uses one loss type for all targets, got {sorted(types)}")
+    for part in parts.values():
+        if part.get("reduction", "mean") != "mean":
+            raise ValueError("only the 'mean' reduction is implemented")
+    options: dict[str, Any] = {
+        "type": types.pop(),
+        "weights": {target: part.get("weight", 1.0) for target, part in parts.items()},
+    }
+    deltas = {part["delta"] for part in parts.values() if "delta" in part}
+    if len(deltas) > 1:
+        raise ValueError(f"atomtrain uses one Huber delta for all targets, got {sorted(deltas)}")
+    if deltas:
+        options["huber_delta"] = deltas.pop()
+    return options
 
 
 class CutoffOptions(Strict):
@@ -57,11 +112,56 @@ class BpnnOptions(Strict):
     """Normalise the SOAP features with a LayerNorm before the networks."""
 
 
+class LongRangeOptions(Strict):
+    enable: bool = False
+    """metatrain's long-range (Ewald or P3M) part: not implemented, accepted when false."""
+    use_ewald: bool = False
+    """metatrain's; unused while enable is false."""
+    smearing: float = 1.4
+    """metatrain's; unused while enable is false."""
+    kspace_resolution: float = 1.33
+    """metatrain's; unused while enable is false."""
+    interpolation_nodes: int = 5
+    """metatrain's; unused while enable is false."""
+
+    @field_validator("enable")
+    @classmethod
+    def _not_enabled(cls, value: bool) -> bool:
+        return _unsupported_unless(value, not value, "long-range interactions are not implemented")
+
+
 class ModelOptions(Strict):
     soap: SoapOptions = SoapOptions()
     """SOAP power spectrum hyperparameters."""
     bpnn: BpnnOptions = BpnnOptions()
     """Per-element neural networks."""
+    legacy: bool = True
+    """metatrain's choice of one network per element (true: the SOAP-BPNN atomtrain
+    implements) or a chemical embedding (false: not implemented)."""
+    add_lambda_basis: bool = True
+    """metatrain's; it changes tensorial targets only, so it has no effect on energies."""
+    heads: dict[str, Literal["mlp", "linear"]] = {}
+    """metatrain's head type per target: not implemented, accepted when empty."""
+    zbl: bool = False
+    """metatrain's ZBL short-range repulsion baseline: not implemented, accepted when
+    false."""
+    long_range: LongRangeOptions = LongRangeOptions()
+    """metatrain's long-range part: not implemented, accepted when disabled."""
+
+    @field_validator("legacy")
+    @classmethod
+    def _legacy_only(cls, value: bool) -> bool:
+        return _unsupported_unless(value, value, "only the legacy SOAP-BPNN is implemented")
+
+    @field_validator("heads")
+    @classmethod
+    def _no_heads(cls, value: dict) -> dict:
+        return _unsupported_unless(value, not value, "per-target heads are not implemented")
+
+    @field_validator("zbl")
+    @classmethod
+    def _no_zbl(cls, value: bool) -> bool:
+        return _unsupported_unless(value, not value, "the ZBL baseline is not implemented")
 
 
 class LossWeights(Strict):
@@ -120,6 +220,30 @@ class TrainingOptions(Strict):
     """Fixed per-element energies in eV ({atomic number: energy}); elements not
     listed are fitted by least squares on the training set. metatrain's form keyed by
     target ({energy: {1: -13.6}}) is accepted too."""
+    best_model_metric: Literal["loss", "rmse_prod", "mae_prod"] = "loss"
+    """How the best model (model.pt, best.ckpt) is picked from the validation errors:
+    "loss", the errors weighed as the loss weighs them (stress as a virial per atom);
+    "rmse_prod" or "mae_prod", the product of the RMSEs (MAEs) of energy per atom,
+    forces and virial per atom, metatrain's choice (its default is rmse_prod)."""
+    distributed: bool | None = None
+    """metatrain's switch for distributed training: atomtrain finds out how it was
+    launched, so the key is accepted and ignored."""
+    distributed_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    """metatrain's port for distributed training: used as distributed.port when that is
+    unset."""
+    num_workers: Annotated[int, Field(ge=0)] | None = None
+    """metatrain's data-loading workers: accepted and ignored (neighbor lists are
+    computed once, batches collated in the training process)."""
+    log_mae: bool = False
+    """metatrain's: atomtrain logs MAEs beside RMSEs (train.csv) anyway."""
+    log_separate_blocks: bool = False
+    """metatrain's per-block errors: energies have one block; accepted and ignored."""
+    per_structure_targets: list[str] = []
+    """metatrain's per-structure losses: not implemented (the energy loss is per atom),
+    accepted when empty."""
+    fixed_scaling_weights: dict[str, Any] = {}
+    """metatrain's fixed target scales: not implemented, accepted when empty (see
+    scale_targets)."""
 
     @field_validator("atomic_baseline", mode="before")
     @classmethod
@@ -134,10 +258,27 @@ class TrainingOptions(Strict):
             return energy
         return value
 
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _metatrain_loss(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "energy" in value:
+            return _loss_from_metatrain(value)
+        return value
+
     @field_validator("loss", mode="after")
     @classmethod
     def _loss_as_options(cls, value: Any) -> LossOptions:
         return LossOptions(type=value) if isinstance(value, str) else value
+
+    @field_validator("per_structure_targets")
+    @classmethod
+    def _no_per_structure_targets(cls, value: list) -> list:
+        return _unsupported_unless(value, not value, "per-structure losses are not implemented")
+
+    @field_validator("fixed_scaling_weights")
+    @classmethod
+    def _no_fixed_scaling(cls, value: dict) -> dict:
+        return _unsupported_unless(value, not value, "fixed scaling weights are not implemented")
 
     @model_validator(mode="after")
     def _atoms_per_batch_in_order(self) -> TrainingOptions:
@@ -181,8 +322,14 @@ class SystemsOptions(Strict):
 
 
 class GradientOptions(Strict):
-    key: str
-    """Key under which the values are stored in the file."""
+    key: str | None = None
+    """Key under which the values are stored in the file (unset: "forces", "stress" or
+    "virial")."""
+    read_from: str | None = None
+    """Read them from another file (not supported: must be the systems file; accepted
+    for metatrain files)."""
+    reader: Literal["ase"] | None = None
+    """Reader library (accepted for metatrain compatibility)."""
 
 
 class EnergyTargetOptions(Strict):
@@ -203,6 +350,18 @@ class EnergyTargetOptions(Strict):
     """Reader library (accepted for metatrain compatibility)."""
     read_from: str | None = None
     """Read targets from another file (not supported: must be the systems file)."""
+    quantity: Literal["energy"] = "energy"
+    """metatrain's physical quantity of the target (energy only)."""
+    type: Literal["scalar"] = "scalar"
+    """metatrain's target type (scalar only)."""
+    sample_kind: Literal["system"] = "system"
+    """metatrain's sampling of the target (one energy per structure only)."""
+    per_atom: Literal[False] = False
+    """metatrain's per-atom targets (not for energies)."""
+    num_subtargets: Literal[1] = 1
+    """metatrain's number of sub-targets (one energy)."""
+    description: str = ""
+    """metatrain's free-text description of the target."""
 
 
 class TargetsOptions(Strict):
@@ -260,16 +419,24 @@ class Options(Strict):
     """Test data: a fraction of the training file, or a data set like training_set."""
     distributed: DistributedOptions = DistributedOptions()
     """Multi-process training settings (atomtrain only)."""
+    final_eval: bool = True
+    """metatrain's switch for the final evaluation: atomtrain always reports the best
+    model's metrics on every set; accepted and ignored."""
+    print_stats: bool | Literal["auto"] = "auto"
+    """metatrain's data set statistics printout: accepted and ignored (the log gives the
+    set sizes and targets)."""
 
-    @field_validator("training_set", mode="before")
+    @field_validator("training_set", "validation_set", "test_set", mode="before")
     @classmethod
-    def _path_as_dataset(cls, value: Any) -> Any:
+    def _path_as_data_set(cls, value: Any, info: ValidationInfo) -> Any:
+        value = _one_data_set(value, str(info.field_name))
         return {"systems": value} if isinstance(value, str) else value
 
-    @field_validator("validation_set", "test_set", mode="before")
-    @classmethod
-    def _path_as_split(cls, value: Any) -> Any:
-        return {"systems": value} if isinstance(value, str) else value
+    @model_validator(mode="after")
+    def _metatrain_port(self) -> Options:
+        if self.distributed.port is None:
+            self.distributed.port = self.architecture.training.distributed_port
+        return self
 
 
 def _model_at(model: type[BaseModel], location: tuple) -> type[BaseModel] | None:
@@ -335,12 +502,19 @@ def _set_override(data: dict, override: str) -> None:
     target[parts[-1]] = value
 
 
+def _resolved(path: str, base: Path) -> str:
+    expanded_path = Path(path).expanduser()
+    return str(expanded_path if expanded_path.is_absolute() else (base / expanded_path).resolve())
+
+
 def _resolve_paths(options: Options, base: Path) -> Options:
     for dataset in (options.training_set, options.validation_set, options.test_set):
         if isinstance(dataset, DatasetOptions):
-            path = Path(dataset.systems.read_from).expanduser()
-            if not path.is_absolute():
-                dataset.systems.read_from = str((base / path).resolve())
+            dataset.systems.read_from = _resolved(dataset.systems.read_from, base)
+            energy = dataset.targets.energy
+            for holder in (energy, energy.forces, energy.stress, energy.virial):
+                if isinstance(holder, (EnergyTargetOptions, GradientOptions)) and holder.read_from:
+                    holder.read_from = _resolved(holder.read_from, base)
     return options
 
 

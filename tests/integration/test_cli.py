@@ -218,6 +218,29 @@ def test_periodic_data_with_stress_trains(tmp_path):
     assert "validation_stress_rmse" in header
 
 
+def test_the_options_file_metatrain_writes_trains(tmp_path):
+    """metatrain's options_restart.yaml as is (full-size SOAP-BPNN, stress, the best
+    model by metatrain's product of RMSEs), on 20 + 5 silicon cells."""
+    frames = ase.io.read(RESOURCES / "si_test.xyz", ":")
+    ase.io.write(tmp_path / "silicon_train.xyz", frames[:20], format="extxyz")
+    ase.io.write(tmp_path / "silicon_validation.xyz", frames[20:], format="extxyz")
+    options = tmp_path / "options_restart.yaml"
+    options.write_text((RESOURCES / "metatrain_options_restart.yaml").read_text())
+    epochs = "architecture.training.num_epochs=3"
+    assert train(tmp_path, options, "-r", epochs) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    with (run / "train.csv").open() as stream:
+        rows = list(csv.DictReader(stream))
+    products = [
+        float(row["validation_energy_per_atom_rmse"])
+        * float(row["validation_forces_rmse"])
+        * float(row["validation_virial_per_atom_rmse"])
+        for row in rows
+    ]
+    best = 1 + products.index(min(products))
+    assert f"best model: epoch {best}" in (run / "train.log").read_text()
+
+
 def test_help_and_version():
     result = subprocess.run(
         [sys.executable, "-m", "atomtrain", "--version"], capture_output=True, text=True

@@ -74,6 +74,15 @@ def test_best_model_is_picked_by_the_errors_the_loss_weighs():
     assert selection_metric(finalize(sums.values), options) == pytest.approx(loss, rel=1e-12)
 
 
+def test_metatrain_best_model_metric_is_the_product_of_the_errors():
+    metrics = {"energy_per_atom_rmse": 0.02, "forces_rmse": 0.5, "virial_per_atom_rmse": 0.1}
+    metrics |= {"energy_per_atom_mae": 0.01, "forces_mae": 0.3, "stress_rmse": 7.0}
+    for choice, expected in (("rmse_prod", 0.02 * 0.5 * 0.1), ("mae_prod", 0.01 * 0.3)):
+        training = {"best_model_metric": choice}
+        options = parse_options({"training_set": "x.xyz", "architecture": {"training": training}})
+        assert selection_metric(metrics, options) == pytest.approx(expected, rel=1e-12)
+
+
 def test_sums_of_an_older_checkpoint_resume_with_the_new_sums_at_zero():
     saved = torch.arange(1.0, len(SUM_NAMES) - 1, dtype=torch.float64)  # two sums fewer
     completed = resumed_sums(saved)

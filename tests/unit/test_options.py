@@ -11,7 +11,7 @@ import yaml
 from atomtrain.errors import OptionsError
 from atomtrain.options import load_options, parse_options
 
-from conftest import ROOT
+from conftest import RESOURCES, ROOT
 
 METATRAIN_OPTIONS = """
 seed: 42
@@ -74,6 +74,83 @@ def test_metatrain_atom_packing_keys_are_understood():
     training["min_atoms_per_batch"] = 400
     with pytest.raises(OptionsError, match="min_atoms_per_batch .400. exceeds max_atoms_per"):
         parse_options({"training_set": "data.xyz", "architecture": {"training": training}})
+
+
+def test_the_options_file_metatrain_writes_runs_unchanged(tmp_path):
+    """metatrain's own options_restart.yaml: every key with its default, data sets as
+    lists, targets with read_from, the per-target loss."""
+    path = tmp_path / "options_restart.yaml"
+    path.write_text((RESOURCES / "metatrain_options_restart.yaml").read_text())
+    options = load_options(path)
+    training = options.architecture.training
+    assert training.loss.type == "mse"
+    assert training.loss.weights.model_dump() == {"energy": 1.0, "forces": 1.0, "stress": 1.0}
+    assert options.distributed.port == 39591  # from training.distributed_port
+    assert training.best_model_metric == "rmse_prod"
+    assert options.training_set.systems.read_from == str(tmp_path / "silicon_train.xyz")
+    energy = options.validation_set.targets.energy
+    assert energy.stress.read_from == str(tmp_path / "silicon_validation.xyz")
+    assert (energy.stress.key, energy.virial) == ("stress", False)
+
+
+def metatrain_options_with(**changes):
+    data = yaml.safe_load((RESOURCES / "metatrain_options_restart.yaml").read_text())
+    for dotted, value in changes.items():
+        target = data
+        parts = dotted.split("__")
+        for part in parts[:-1]:
+            target = target[int(part) if part.isdigit() else part]
+        target[parts[-1]] = value
+    return parse_options(data, "options.yaml")
+
+
+def test_metatrain_loss_weights_and_types_are_mapped():
+    loss = {
+        "energy": {
+            "type": "huber",
+            "weight": 0.5,
+            "delta": 0.1,
+            "gradients": {"positions": {"type": "huber", "weight": 20.0, "delta": 0.1}},
+        }
+    }
+    options = metatrain_options_with(architecture__training__loss=loss)
+    mapped = options.architecture.training.loss
+    assert (mapped.type, mapped.huber_delta) == ("huber", 0.1)
+    assert mapped.weights.model_dump() == {"energy": 0.5, "forces": 20.0, "stress": 1.0}
+    options = metatrain_options_with(architecture__training__loss={"energy": "mae"})
+    assert options.architecture.training.loss.type == "mae"
+
+
+@pytest.mark.parametrize(
+    "dotted, value, message",
+    [
+        ("architecture__model__zbl", True, "the ZBL baseline is not implemented"),
+        ("architecture__model__legacy", False, "only the legacy SOAP-BPNN is implemented"),
+        ("architecture__model__long_range__enable", True, "long-range interactions are not"),
+        ("architecture__model__heads", {"energy": "linear"}, "per-target heads are not"),
+        ("architecture__training__per_structure_targets", ["energy"], "per-structure losses"),
+        ("architecture__training__fixed_scaling_weights", {"energy": 2.0}, "fixed scaling"),
+        (
+            "architecture__training__loss",
+            {"energy": {"type": "mse", "gradients": {"positions": "mae"}}},
+            "one loss type for all targets, got ['mae', 'mse']",
+        ),
+        (
+            "architecture__training__loss",
+            {"energy": {"reduction": "sum"}},
+            "only the 'mean' reduction is implemented",
+        ),
+        ("architecture__training__loss", {"energy": {}, "dipole": {}}, "energy target only"),
+        ("training_set", ["a.xyz", "b.xyz"], "training_set lists 2 data sets"),
+        ("training_set__0__targets__energy__quantity", "dipole", "Input should be 'energy'"),
+    ],
+)
+def test_metatrain_features_atomtrain_lacks_are_refused_by_name(dotted, value, message):
+    with pytest.raises(OptionsError) as error:
+        metatrain_options_with(**{dotted: value})
+    text = str(error.value)
+    assert text.startswith("options.yaml: invalid value for '") and message in text
+    assert "\n" not in text
 
 
 def test_overrides_change_nested_values(tmp_path):

@@ -18,7 +18,7 @@ def _gradient_choice(value, default_key: str) -> tuple[str, bool | None]:
         return default_key, value
     if isinstance(value, str):
         return value, True
-    return value.key, True
+    return value.key or default_key, True
 
 
 def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetKeys:
@@ -40,11 +40,14 @@ def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetK
 
 
 def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> list[Structure]:
-    if dataset.targets.energy.read_from not in (None, dataset.systems.read_from):
-        raise DataError(
-            f"{dataset.targets.energy.read_from}: targets must be read from the systems "
-            f"file {dataset.systems.read_from}"
-        )
+    energy = dataset.targets.energy
+    for holder in (energy, energy.forces, energy.stress, energy.virial):
+        elsewhere = getattr(holder, "read_from", None)
+        if elsewhere not in (None, dataset.systems.read_from):
+            raise DataError(
+                f"{elsewhere}: targets must be read from the systems file "
+                f"{dataset.systems.read_from}"
+            )
     return read_structures(
         dataset.systems.read_from,
         target_keys(dataset, require_energy),

@@ -150,19 +150,22 @@ def global_counts(structures: list[Structure], indices: list[int]) -> GlobalCoun
 
 
 def selection_metric(metrics: dict[str, float], options: Options) -> float:
-    """Weighted sum of the per-target errors the loss uses: validation picks the best
-    model by it (MAE for an MAE loss, else squared errors). Stress counts as the loss
-    counts it, as a virial per atom: in eV/A^3 its errors are some 400 times smaller
-    squared, and the model with the best forces was chosen whatever its energies on
-    strained cells (docs/performance.md)."""
-    weights = options.architecture.training.loss.weights  # type: ignore[union-attr]
-    kind = "mae" if options.architecture.training.loss.type == "mae" else "rmse"  # type: ignore[union-attr]
+    """What validation picks the best model by (``best_model_metric``): by default the
+    per-target errors weighed as the loss weighs them (MAE for an MAE loss, else squared
+    errors), stress counted as the loss counts it, as a virial per atom: in eV/A^3 its
+    errors are some 400 times smaller squared, and the model with the best forces was
+    chosen whatever its energies on strained cells (docs/performance.md). Or
+    metatrain's product of the RMSEs (MAEs) of the targets present."""
+    training = options.architecture.training
+    targets = ("energy_per_atom", "forces", "virial_per_atom")
+    if training.best_model_metric != "loss":
+        kind = training.best_model_metric.removesuffix("_prod")
+        names = [f"{target}_{kind}" for target in targets]
+        return math.prod(metrics[name] for name in names if name in metrics)
+    weights = training.loss.weights  # type: ignore[union-attr]
+    kind = "mae" if training.loss.type == "mae" else "rmse"  # type: ignore[union-attr]
     total = 0.0
-    for target, weight in (
-        ("energy_per_atom", weights.energy),
-        ("forces", weights.forces),
-        ("virial_per_atom", weights.stress),
-    ):
+    for target, weight in zip(targets, (weights.energy, weights.forces, weights.stress)):
         value = metrics.get(f"{target}_{kind}")
         if value is not None:
             total += weight * (value if kind == "mae" else value**2)
