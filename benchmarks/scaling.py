@@ -2,6 +2,7 @@
 --nproc 2 x 1 thread, same data and global batch (so the same model).
 
     python benchmarks/scaling.py [--structures 300] [--epochs 4] [--batch-size 8] [--repeats 2]
+                                 [--max-atoms N]
 
 A last row measures what the machine allows: two separate one-thread runs started
 together, each on its own core, each with half the global batch (a rank's share of a
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import yaml
 from compare_metatrain import EPOCH_LINE, ROOT, run_measured, validation_size, write_inputs
 
 CONFIGS = [
@@ -49,6 +51,12 @@ def rate_together(command, directories, threads, n_train) -> float:
         return sum(pool.map(one, (0, 1)))
 
 
+def pack_by_atoms(options: Path, limit: int) -> None:
+    data = yaml.safe_load(options.read_text())
+    data["architecture"]["training"]["max_atoms_per_batch"] = limit
+    options.write_text(yaml.safe_dump(data))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--structures", type=int, default=300)
@@ -62,10 +70,17 @@ def main() -> None:
         help="rounds over all configurations; each configuration's fastest run counts, "
         "and the median over rounds of each round's own speed-up is printed beside it",
     )
+    parser.add_argument(
+        "--max-atoms",
+        type=int,
+        default=None,
+        help="pack batches by atom count (max_atoms_per_batch) instead of --batch-size",
+    )
     arguments = parser.parse_args()
     n_train = arguments.structures - validation_size(arguments.structures)
+    packing = f", packed by atoms (at most {arguments.max_atoms})" if arguments.max_atoms else ""
     print(
-        f"global batch {arguments.batch_size}, {arguments.structures} structures, "
+        f"global batch {arguments.batch_size}{packing}, {arguments.structures} structures, "
         f"best of {arguments.repeats} runs"
     )
     print(
@@ -84,6 +99,9 @@ def main() -> None:
                 options = write_inputs(
                     place, name, arguments.structures, arguments.epochs, batch_size
                 )
+                if arguments.max_atoms:
+                    limit = arguments.max_atoms // 2 if together else arguments.max_atoms
+                    pack_by_atoms(options, limit)
             command = [sys.executable, "-m", "atomtrain", "train", options.name, *extra]
             measure = rate_together if together else epoch_rate
             where = places if together else directory

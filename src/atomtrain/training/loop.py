@@ -124,7 +124,7 @@ def batch_plan(
         )
     kept = sum(len(batch) for batch in packed)
     average = kept / len(packed)
-    notes = [f"{len(packed)} of at most {limit} atoms, {average:.1f} structures on average"]
+    notes = [f"{len(packed)} batches of at most {limit} atoms, {average:.1f} structures on average"]
     if kept < len(training):
         notes.append(f"structures left out by min_atoms_per_batch: {len(training) - kept}")
     larger = sum(1 for count in atom_counts if count > limit)
