@@ -189,6 +189,72 @@ def test_sigterm_on_single_process_then_resume_with_two(tmp_path, reference):
     assert_same_model(final_state(run_dir), reference)
 
 
+def children_of(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (the --nproc launcher's workers)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize(
+    "receivers, number",
+    [
+        ("launcher and workers", signal.SIGTERM),  # scancel, or a time limit under SLURM
+        ("launcher", signal.SIGUSR1),  # kill of the one process the user started
+        ("process group", signal.SIGINT),  # Ctrl-C in the terminal
+    ],
+)
+def test_nproc_launcher_stopped_by_a_signal_checkpoints_and_resumes(
+    tmp_path, reference, receivers, number
+):
+    """The workers stop at a step boundary with a checkpoint, whoever got the signal
+    (some get it twice: from the sender and from the launcher); the launcher exits 75
+    with the workers' one line, not as a failure to start."""
+    options = options_in(tmp_path)
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        train_command(options, run_dir, "--nproc", 2),
+        env=environment(OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    wait_for_epochs(run_dir, 2, [launcher])
+    if receivers == "process group":
+        os.killpg(launcher.pid, number)
+    else:
+        workers = children_of(launcher.pid) if receivers == "launcher and workers" else []
+        for pid in [launcher.pid, *workers]:
+            os.kill(pid, number)
+    ((code, _, error),) = finish([launcher])
+    name = signal.Signals(number).name
+    assert code == 75, error
+    assert error.count(f"training stopped by {name}") == 1, error
+    assert "could not start" not in error and "Traceback" not in error
+    state = torch.load(run_dir / "last.ckpt", weights_only=True)
+    assert (state["epoch"], state["step"]) != (EPOCHS, 0)
+    results = finish(
+        [
+            subprocess.Popen(
+                train_command(options, run_dir, "--restart", "auto"),
+                env=environment(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        ]
+    )
+    assert results[0][0] == 0, results
+    assert_same_model(final_state(run_dir), reference)
+
+
 def test_killed_rank_stops_the_others_with_a_message(tmp_path):
     options = options_in(tmp_path, distributed__timeout=5)
     run_dir = tmp_path / "run"

@@ -4,24 +4,103 @@ elastic launcher (what torchrun uses), each re-running the same command."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 import uuid
+from pathlib import Path
 
 from ..errors import DistributedError
 from .context import check_port_free
 from .env import hostname
 
+# What the workers take as "write a checkpoint and stop" (training/stopping.py). The
+# launcher passes them on and waits for the workers' exit code, instead of letting the
+# elastic agent tear the workers down and report the signal as a failure to start.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class StoppedBeforeStart(Exception):
+    """A stop signal came before any worker ran: nothing to checkpoint."""
+
+    def __init__(self, number: int):
+        super().__init__(signal.Signals(number).name)
+        self.number = number
+
+
+def worker_pids() -> list[int]:
+    """This process's children that run atomtrain (the workers the agent started)."""
+    found: list[int] = []
+    for listing in Path("/proc/self/task").glob("*/children"):
+        for pid in map(int, listing.read_text().split()):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"atomtrain" in command:
+                found.append(pid)
+    return found
+
+
+class SignalForwarder:
+    """Installed in the launcher while its workers run: a stop signal goes on to them."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> SignalForwarder:
+        for number in FORWARDED_SIGNALS:
+            self.previous[number] = signal.signal(number, self.forward)
+        return self
+
+    def __exit__(self, *unused) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)  # type: ignore[arg-type]
+
+    def forward(self, number: int, frame) -> None:
+        self.received = number
+        workers = worker_pids()
+        if not workers:
+            raise StoppedBeforeStart(number)
+        for pid in workers:
+            try:
+                os.kill(pid, number)
+            except ProcessLookupError:
+                pass
+
+
+def quiet_elastic_loggers() -> None:
+    """The elastic agent logs each worker's exit code and each signal; the workers
+    print what happened themselves, in one line, and the launcher what they cannot."""
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("torch.distributed.elastic") and isinstance(logger, logging.Logger):
+            logger.setLevel(logging.CRITICAL)
+
+
+def stopped_early(number: int) -> int:
+    name = signal.Signals(number).name
+    print(f"atomtrain: stopped by {name} before training started", file=sys.stderr)
+    return 128 + number
+
 
 def launch_workers(arguments: list[str], nproc: int, port: int | None, timeout: float) -> int:
     """Run ``python -m atomtrain <arguments>`` in ``nproc`` processes; return the exit
     code (0 when all succeeded). Each worker prints its own errors."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if port is not None:
         check_port_free(hostname(), port)
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    quiet_elastic_loggers()
+    # the agent keeps only the signals atomtrain's workers do not stop on (a setting of
+    # torch >= 2.5; an older agent handles all of them itself: SignalException below)
+    handled = {"signals_to_handle": "SIGHUP,SIGQUIT"}
+    if "signals_to_handle" not in LaunchConfig.__dataclass_fields__:
+        handled = {}
     config = LaunchConfig(
+        **handled,
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
@@ -33,11 +112,24 @@ def launch_workers(arguments: list[str], nproc: int, port: int | None, timeout: 
         monitor_interval=0.1,
         start_method="spawn",
     )
-    try:
-        elastic_launch(config, sys.executable)("-m", "atomtrain", *arguments)
-    except ChildFailedError as error:
-        codes = {failure.exitcode for failure in error.failures.values()}
-        return max((code for code in codes if code and code > 0), default=1)
-    except Exception as error:
-        raise DistributedError(f"could not start {nproc} workers: {error}") from error
+    with SignalForwarder() as forwarder:
+        try:
+            elastic_launch(config, sys.executable)("-m", "atomtrain", *arguments)
+        except ChildFailedError as error:
+            codes = [failure.exitcode for failure in error.failures.values()]
+            worst = max((code for code in codes if code > 0), default=None)
+            if worst is None and forwarder.received is not None:
+                return stopped_early(forwarder.received)  # killed while starting up
+            for rank, failure in sorted(error.failures.items()):
+                if failure.exitcode < 0 and forwarder.received is None:
+                    name = signal.Signals(-failure.exitcode).name
+                    print(f"atomtrain: rank {rank} was killed by {name}", file=sys.stderr)
+            return worst or 1
+        except StoppedBeforeStart as error:
+            return stopped_early(error.number)
+        except SignalException as error:
+            # the agent passed the signal on to the workers, which print their own lines
+            return 128 + int(error.sigval)
+        except Exception as error:
+            raise DistributedError(f"could not start {nproc} workers: {error}") from error
     return 0

@@ -6,20 +6,27 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 from ..errors import AtomtrainError
 
-# exit code of a run stopped by SIGTERM/SIGUSR1 after writing its checkpoint
+# exit code of a run stopped by SIGTERM/SIGUSR1/SIGINT after writing its checkpoint
 EXIT_STOPPED = 75
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# A stop signal repeated within this many seconds is the same request delivered twice:
+# scancel signals every process of a step and the --nproc launcher forwards what it got,
+# a terminal's Ctrl-C reaches the launcher and its workers alike.
+REPEAT_WINDOW = 1.0
 
 
 class StopRequest:
     """Remembers a SIGTERM or SIGUSR1 (sent by SLURM before it kills a job, e.g. with
-    ``--signal=USR1@120``) until the next step boundary."""
+    ``--signal=USR1@120``) or a Ctrl-C until the next step boundary. Asked again later,
+    it obeys at once."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.received_at = 0.0
         self.previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -34,12 +41,15 @@ class StopRequest:
         self.previous.clear()
 
     def _handle(self, number: int, frame) -> None:
-        if self.signal_name is not None:
-            # asked twice: the run may be stuck (e.g. waiting on a dead peer); obey now
+        if self.signal_name is None:
+            self.signal_name = signal.Signals(number).name
+            self.received_at = time.monotonic()
+        elif time.monotonic() - self.received_at > REPEAT_WINDOW:
+            # asked again: the run may be stuck (e.g. waiting on a dead peer); obey now
+            if number == signal.SIGINT:
+                raise KeyboardInterrupt
             signal.signal(number, signal.SIG_DFL)
             os.kill(os.getpid(), number)
-            return
-        self.signal_name = signal.Signals(number).name
 
     @property
     def requested(self) -> bool:
