@@ -31,12 +31,17 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
-def _unsupported_unless(value: Any, condition: bool, reason: str) -> Any:
-    """``value`` of a metatrain key that atomtrain accepts at its default only, if
-    ``condition`` (it is that default) holds."""
-    if not condition:
-        raise ValueError(f"{reason} in atomtrain; remove the key or use its default")
-    return value
+def _default_only(reasons: dict[str, str]) -> Any:
+    """A validator for metatrain keys of features atomtrain lacks ({field: what is
+    missing}): each is accepted at its default value only."""
+
+    def check(cls, value: Any, info: ValidationInfo) -> Any:
+        if value != cls.model_fields[info.field_name].default:
+            reason = reasons[str(info.field_name)]
+            raise ValueError(f"{reason} in atomtrain; remove the key or use its default")
+        return value
+
+    return field_validator(*reasons)(classmethod(check))  # type: ignore[arg-type]
 
 
 def _one_data_set(value: Any, name: str) -> Any:
@@ -124,10 +129,7 @@ class LongRangeOptions(Strict):
     interpolation_nodes: int = 5
     """metatrain's; unused while enable is false."""
 
-    @field_validator("enable")
-    @classmethod
-    def _not_enabled(cls, value: bool) -> bool:
-        return _unsupported_unless(value, not value, "long-range interactions are not implemented")
+    _lacking = _default_only({"enable": "long-range interactions are not implemented"})
 
 
 class ModelOptions(Strict):
@@ -148,20 +150,13 @@ class ModelOptions(Strict):
     long_range: LongRangeOptions = LongRangeOptions()
     """metatrain's long-range part: not implemented, accepted when disabled."""
 
-    @field_validator("legacy")
-    @classmethod
-    def _legacy_only(cls, value: bool) -> bool:
-        return _unsupported_unless(value, value, "only the legacy SOAP-BPNN is implemented")
-
-    @field_validator("heads")
-    @classmethod
-    def _no_heads(cls, value: dict) -> dict:
-        return _unsupported_unless(value, not value, "per-target heads are not implemented")
-
-    @field_validator("zbl")
-    @classmethod
-    def _no_zbl(cls, value: bool) -> bool:
-        return _unsupported_unless(value, not value, "the ZBL baseline is not implemented")
+    _lacking = _default_only(
+        {
+            "legacy": "only the legacy SOAP-BPNN is implemented",
+            "heads": "per-target heads are not implemented",
+            "zbl": "the ZBL baseline is not implemented",
+        }
+    )
 
 
 class LossWeights(Strict):
@@ -270,15 +265,12 @@ class TrainingOptions(Strict):
     def _loss_as_options(cls, value: Any) -> LossOptions:
         return LossOptions(type=value) if isinstance(value, str) else value
 
-    @field_validator("per_structure_targets")
-    @classmethod
-    def _no_per_structure_targets(cls, value: list) -> list:
-        return _unsupported_unless(value, not value, "per-structure losses are not implemented")
-
-    @field_validator("fixed_scaling_weights")
-    @classmethod
-    def _no_fixed_scaling(cls, value: dict) -> dict:
-        return _unsupported_unless(value, not value, "fixed scaling weights are not implemented")
+    _lacking = _default_only(
+        {
+            "per_structure_targets": "per-structure losses are not implemented",
+            "fixed_scaling_weights": "fixed scaling weights are not implemented",
+        }
+    )
 
     @model_validator(mode="after")
     def _atoms_per_batch_in_order(self) -> TrainingOptions:
