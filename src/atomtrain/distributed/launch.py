@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -28,18 +29,30 @@ class StoppedBeforeStart(Exception):
         self.number = number
 
 
-def worker_pids() -> list[int]:
-    """This process's children that run atomtrain (the workers the agent started)."""
-    found: list[int] = []
-    for listing in Path("/proc/self/task").glob("*/children"):
-        for pid in map(int, listing.read_text().split()):
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"atomtrain" in command:
-                found.append(pid)
-    return found
+def worker_pids() -> list[int] | None:
+    """This process's children that run atomtrain (the workers the agent started), from
+    /proc on Linux, else from pgrep; None where neither can tell."""
+    if Path("/proc/self/task").is_dir():
+        found: list[int] = []
+        for listing in Path("/proc/self/task").glob("*/children"):
+            for pid in map(int, listing.read_text().split()):
+                try:
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"atomtrain" in command:
+                    found.append(pid)
+        return found
+    try:
+        listed = subprocess.run(
+            ["pgrep", "-P", str(os.getpid()), "-f", "atomtrain"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [int(pid) for pid in listed.stdout.split()] if listed.returncode in (0, 1) else None
 
 
 class SignalForwarder:
@@ -59,8 +72,13 @@ class SignalForwarder:
             signal.signal(number, handler)  # type: ignore[arg-type]
 
     def forward(self, number: int, frame) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
         self.received = number
         workers = worker_pids()
+        if workers is None:
+            # what the agent's own handler does: it passes the signal on and stops
+            raise SignalException(f"got {signal.Signals(number).name}", signal.Signals(number))
         if not workers:
             raise StoppedBeforeStart(number)
         for pid in workers:
