@@ -113,7 +113,7 @@ def launch_workers(arguments: list[str], nproc: int, port: int | None, timeout: 
         check_port_free(hostname(), port)
     quiet_elastic_loggers()
     # the agent keeps only the signals atomtrain's workers do not stop on (a setting of
-    # torch >= 2.5; an older agent handles all of them itself: SignalException below)
+    # recent torch, 2.13 has it; an older agent handles all of them: SignalException)
     handled = {"signals_to_handle": "SIGHUP,SIGQUIT"}
     if "signals_to_handle" not in LaunchConfig.__dataclass_fields__:
         handled = {}
