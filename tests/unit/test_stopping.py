@@ -43,3 +43,22 @@ def test_handlers_are_given_back():
     assert signal.getsignal(signal.SIGINT) != before
     stop.uninstall()
     assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_a_hangup_is_a_stop_request(request_installed):
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert request_installed.signal_name == "SIGHUP"
+
+
+def test_signals_ignored_by_the_starter_stay_ignored():
+    """nohup ignores SIGHUP, a shell ignores SIGINT for background commands."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    stop = StopRequest()
+    try:
+        stop.install()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert not stop.requested
+    finally:
+        stop.uninstall()
+        signal.signal(signal.SIGHUP, before)

@@ -12,13 +12,14 @@ import uuid
 from pathlib import Path
 
 from ..errors import DistributedError
+from ..training.stopping import STOP_SIGNALS, heeded
 from .context import check_port_free
 from .env import hostname
 
 # What the workers take as "write a checkpoint and stop" (training/stopping.py). The
 # launcher passes them on and waits for the workers' exit code, instead of letting the
 # elastic agent tear the workers down and report the signal as a failure to start.
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+FORWARDED_SIGNALS = STOP_SIGNALS
 
 
 class StoppedBeforeStart(Exception):
@@ -63,7 +64,7 @@ class SignalForwarder:
         self.previous: dict[int, object] = {}
 
     def __enter__(self) -> SignalForwarder:
-        for number in FORWARDED_SIGNALS:
+        for number in heeded(FORWARDED_SIGNALS):
             self.previous[number] = signal.signal(number, self.forward)
         return self
 
@@ -114,7 +115,7 @@ def launch_workers(arguments: list[str], nproc: int, port: int | None, timeout: 
     quiet_elastic_loggers()
     # the agent keeps only the signals atomtrain's workers do not stop on (a setting of
     # recent torch, 2.13 has it; an older agent handles all of them: SignalException)
-    handled = {"signals_to_handle": "SIGHUP,SIGQUIT"}
+    handled = {"signals_to_handle": "SIGQUIT"}
     if "signals_to_handle" not in LaunchConfig.__dataclass_fields__:
         handled = {}
     config = LaunchConfig(

@@ -10,19 +10,26 @@ import time
 
 from ..errors import AtomtrainError
 
-# exit code of a run stopped by SIGTERM/SIGUSR1/SIGINT after writing its checkpoint
+# exit code of a run stopped by a stop signal after writing its checkpoint
 EXIT_STOPPED = 75
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# the scheduler's (SIGTERM, SIGUSR1), Ctrl-C, and a closed terminal
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 # A stop signal repeated within this many seconds is the same request delivered twice:
 # scancel signals every process of a step and the --nproc launcher forwards what it got,
 # a terminal's Ctrl-C reaches the launcher and its workers alike.
 REPEAT_WINDOW = 1.0
 
 
+def heeded(numbers: tuple[int, ...]) -> list[int]:
+    """The signals not ignored by whoever started the process: nohup ignores SIGHUP, and
+    a shell ignores SIGINT for commands it starts in the background."""
+    return [number for number in numbers if signal.getsignal(number) is not signal.SIG_IGN]
+
+
 class StopRequest:
     """Remembers a SIGTERM or SIGUSR1 (sent by SLURM before it kills a job, e.g. with
-    ``--signal=USR1@120``) or a Ctrl-C until the next step boundary. Asked again later,
-    it obeys at once."""
+    ``--signal=USR1@120``), a Ctrl-C or a hangup until the next step boundary. Asked
+    again later, it obeys at once."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
@@ -32,7 +39,7 @@ class StopRequest:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for number in STOP_SIGNALS:
+        for number in heeded(STOP_SIGNALS):
             self.previous[number] = signal.signal(number, self._handle)
 
     def uninstall(self) -> None:
