@@ -12,14 +12,9 @@ import uuid
 from pathlib import Path
 
 from ..errors import DistributedError
-from ..training.stopping import STOP_SIGNALS, heeded
+from ..training.stopping import give_back_signals, take_stop_signals
 from .context import check_port_free
 from .env import hostname
-
-# What the workers take as "write a checkpoint and stop" (training/stopping.py). The
-# launcher passes them on and waits for the workers' exit code, instead of letting the
-# elastic agent tear the workers down and report the signal as a failure to start.
-FORWARDED_SIGNALS = STOP_SIGNALS
 
 
 class StoppedBeforeStart(Exception):
@@ -57,20 +52,20 @@ def worker_pids() -> list[int] | None:
 
 
 class SignalForwarder:
-    """Installed in the launcher while its workers run: a stop signal goes on to them."""
+    """Installed in the launcher while its workers run: their stop signals
+    (training/stopping.py) go on to them, and the launcher waits for their exit code,
+    instead of the elastic agent tearing them down and reporting a failure to start."""
 
     def __init__(self) -> None:
         self.received: int | None = None
         self.previous: dict[int, object] = {}
 
     def __enter__(self) -> SignalForwarder:
-        for number in heeded(FORWARDED_SIGNALS):
-            self.previous[number] = signal.signal(number, self.forward)
+        self.previous = take_stop_signals(self.forward)
         return self
 
     def __exit__(self, *unused) -> None:
-        for number, handler in self.previous.items():
-            signal.signal(number, handler)  # type: ignore[arg-type]
+        give_back_signals(self.previous)
 
     def forward(self, number: int, frame) -> None:
         from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -20,10 +20,20 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 REPEAT_WINDOW = 1.0
 
 
-def heeded(numbers: tuple[int, ...]) -> list[int]:
-    """The signals not ignored by whoever started the process: nohup ignores SIGHUP, and
-    a shell ignores SIGINT for commands it starts in the background."""
-    return [number for number in numbers if signal.getsignal(number) is not signal.SIG_IGN]
+def take_stop_signals(handler) -> dict[int, object]:
+    """``handler`` for the stop signals, except those ignored by whoever started the
+    process (nohup ignores SIGHUP, a shell SIGINT for commands it starts in the
+    background); returns the handlers it replaced, for ``give_back_signals``."""
+    previous: dict[int, object] = {}
+    for number in STOP_SIGNALS:
+        if signal.getsignal(number) is not signal.SIG_IGN:
+            previous[number] = signal.signal(number, handler)
+    return previous
+
+
+def give_back_signals(previous: dict[int, object]) -> None:
+    for number, handler in previous.items():
+        signal.signal(number, handler)  # type: ignore[arg-type]
 
 
 class StopRequest:
@@ -39,12 +49,10 @@ class StopRequest:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for number in heeded(STOP_SIGNALS):
-            self.previous[number] = signal.signal(number, self._handle)
+        self.previous = take_stop_signals(self._handle)
 
     def uninstall(self) -> None:
-        for number, handler in self.previous.items():
-            signal.signal(number, handler)  # type: ignore[arg-type]
+        give_back_signals(self.previous)
         self.previous.clear()
 
     def _handle(self, number: int, frame) -> None:
