@@ -14,7 +14,7 @@ from atomtrain.data.sampler import (
     epoch_order,
     global_batches,
     pack_by_atoms,
-    packed_plan,
+    pack_once,
     shard_by_work,
 )
 
@@ -81,9 +81,10 @@ def test_packing_closes_a_batch_when_the_next_structure_would_pass_the_limit():
 def test_packed_batches_are_fixed_and_presented_in_a_new_order_each_epoch():
     generator = random.Random(7)
     atom_counts = [generator.randint(6, 95) for _ in range(60)]
-    plan = packed_plan(atom_counts, seed=4, max_atoms=200)
-    assert plan == packed_plan(atom_counts, seed=4, max_atoms=200)
-    assert plan.packed != packed_plan(atom_counts, seed=5, max_atoms=200).packed
+    packed = pack_once(atom_counts, seed=4, max_atoms=200)
+    assert packed == pack_once(atom_counts, seed=4, max_atoms=200)
+    assert packed != pack_once(atom_counts, seed=5, max_atoms=200)
+    plan = BatchPlan(60, 8, 4, packed)
     assert sorted(sum(plan.packed, [])) == list(range(60))  # every structure, once
     epochs = [plan.batches(epoch) for epoch in range(3)]
     for batches in epochs:

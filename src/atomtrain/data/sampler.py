@@ -55,7 +55,7 @@ class BatchPlan:
     steps, which the learning-rate schedule needs up front)."""
 
     n_structures: int
-    batch_size: int  # unused when packed
+    batch_size: int
     seed: int
     packed: list[list[int]] | None = None
 
@@ -72,16 +72,15 @@ class BatchPlan:
         return [self.packed[i] for i in epoch_order(len(self.packed), self.seed, epoch)]
 
 
-def packed_plan(
+def pack_once(
     atom_counts: Sequence[int], seed: int, max_atoms: int, min_atoms: int = 0
-) -> BatchPlan:
-    """Batches packed once by atom count from a seeded permutation of the structures,
-    as metatrain and fairchem pack (the generator's seed is one no epoch of the first
-    999,983 uses)."""
+) -> list[list[int]]:
+    """Batches packed by atom count from a seeded permutation of the structures, once
+    for the whole run, as metatrain and fairchem pack (the generator's seed is one no
+    epoch of the first 999,983 uses)."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + 999_983)
     order = torch.randperm(len(atom_counts), generator=generator).tolist()
-    packed = pack_by_atoms(order, atom_counts, max_atoms, min_atoms)
-    return BatchPlan(len(atom_counts), 0, seed, packed)
+    return pack_by_atoms(order, atom_counts, max_atoms, min_atoms)
 
 
 def shard(items: list[int], rank: int, world_size: int) -> list[int]:

@@ -20,7 +20,7 @@ import torch
 import tqdm
 
 from ..data.batch import collate, empty_batch
-from ..data.sampler import BatchPlan, packed_plan, shard, shard_by_work
+from ..data.sampler import BatchPlan, pack_once, shard, shard_by_work
 from ..data.system import Structure
 from ..distributed import Context
 from ..errors import DataError
@@ -114,8 +114,7 @@ def batch_plan(
     if limit is None:
         return BatchPlan(len(training), options.batch_size, seed)
     atom_counts = [structure.n_atoms for structure in training]
-    plan = packed_plan(atom_counts, seed, limit, options.min_atoms_per_batch)
-    packed = plan.packed or []
+    packed = pack_once(atom_counts, seed, limit, options.min_atoms_per_batch)
     if not packed:
         raise DataError(
             f"no training batch holds architecture.training.min_atoms_per_batch = "
@@ -137,7 +136,7 @@ def batch_plan(
             "processes: some processes have nothing to do in most steps; raise "
             "architecture.training.max_atoms_per_batch"
         )
-    return plan
+    return BatchPlan(len(training), options.batch_size, seed, packed)
 
 
 def global_counts(structures: list[Structure], indices: list[int]) -> GlobalCounts:
