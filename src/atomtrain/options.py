@@ -355,6 +355,12 @@ class EnergyTargetOptions(Strict):
     description: str = ""
     """metatrain's free-text description of the target."""
 
+    def file_holders(self) -> list[EnergyTargetOptions | GradientOptions]:
+        """This target and its gradients given as mappings: those that may name a file
+        of their own (read_from)."""
+        gradients = (self.forces, self.stress, self.virial)
+        return [self, *(g for g in gradients if isinstance(g, GradientOptions))]
+
 
 class TargetsOptions(Strict):
     energy: EnergyTargetOptions = EnergyTargetOptions()
@@ -503,9 +509,8 @@ def _resolve_paths(options: Options, base: Path) -> Options:
     for dataset in (options.training_set, options.validation_set, options.test_set):
         if isinstance(dataset, DatasetOptions):
             dataset.systems.read_from = _resolved(dataset.systems.read_from, base)
-            energy = dataset.targets.energy
-            for holder in (energy, energy.forces, energy.stress, energy.virial):
-                if isinstance(holder, (EnergyTargetOptions, GradientOptions)) and holder.read_from:
+            for holder in dataset.targets.energy.file_holders():
+                if holder.read_from:
                     holder.read_from = _resolved(holder.read_from, base)
     return options
 

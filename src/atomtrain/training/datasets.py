@@ -40,9 +40,8 @@ def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetK
 
 
 def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> list[Structure]:
-    energy = dataset.targets.energy
-    for holder in (energy, energy.forces, energy.stress, energy.virial):
-        elsewhere = getattr(holder, "read_from", None)
+    for holder in dataset.targets.energy.file_holders():
+        elsewhere = holder.read_from
         if elsewhere not in (None, dataset.systems.read_from):
             raise DataError(
                 f"{elsewhere}: targets must be read from the systems file "
