@@ -145,7 +145,8 @@ def test_batches_packed_by_atoms_give_the_single_process_model(tmp_path_factory)
             architecture__training__num_epochs=2,
         )
         command = [PYTHON, "-m", "atomtrain", "train", str(options), *extra]
-        run, _ = launch(command, directory)
+        run, result = launch(command, directory)
+        assert "[rank 1] packed batches" not in result.stderr  # rank 0 says it, once
         log = (run / "train.log").read_text()
         assert "training batches packed by atom count:" in log
         assert "structures larger than the limit, each a batch of its own: 1" in log

@@ -106,10 +106,10 @@ def fit_baseline(
 
 
 def batch_plan(
-    training: list[Structure], options: TrainingOptions, seed: int, world_size: int
+    training: list[Structure], options: TrainingOptions, seed: int, context: Context
 ) -> BatchPlan:
-    """Fixed-size global batches, or batches packed by atom count (logged, since how
-    many structures a step holds then depends on the data)."""
+    """Fixed-size global batches, or batches packed by atom count (logged by rank 0,
+    since how many structures a step holds then depends on the data)."""
     limit = options.max_atoms_per_batch
     if limit is None:
         return BatchPlan(len(training), options.batch_size, seed)
@@ -130,9 +130,9 @@ def batch_plan(
     if larger:
         notes.append(f"structures larger than the limit, each a batch of its own: {larger}")
     logger.info("training batches packed by atom count: " + "; ".join(notes))
-    if average < world_size:
+    if average < context.world_size and context.is_main:  # the same plan on every rank
         logger.warning(
-            f"packed batches hold {average:.1f} structures on average for {world_size} "
+            f"packed batches hold {average:.1f} structures on average for {context.world_size} "
             "processes: some processes have nothing to do in most steps; raise "
             "architecture.training.max_atoms_per_batch"
         )
@@ -225,7 +225,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(
             self.parameters, lr=self.training_options.learning_rate, fused=True
         )
-        self.plan = batch_plan(training, self.training_options, seed, context.world_size)
+        self.plan = batch_plan(training, self.training_options, seed, context)
         self.steps_per_epoch = self.plan.steps_per_epoch
         self.scheduler = make_scheduler(
             self.optimizer,
