@@ -51,7 +51,7 @@ def rate_together(command, directories, threads, n_train) -> float:
         return sum(pool.map(one, (0, 1)))
 
 
-def pack_by_atoms(options: Path, limit: int) -> None:
+def limit_atoms_per_batch(options: Path, limit: int) -> None:
     data = yaml.safe_load(options.read_text())
     data["architecture"]["training"]["max_atoms_per_batch"] = limit
     options.write_text(yaml.safe_dump(data))
@@ -101,7 +101,7 @@ def main() -> None:
                 )
                 if arguments.max_atoms:
                     limit = arguments.max_atoms // 2 if together else arguments.max_atoms
-                    pack_by_atoms(options, limit)
+                    limit_atoms_per_batch(options, limit)
             command = [sys.executable, "-m", "atomtrain", "train", options.name, *extra]
             measure = rate_together if together else epoch_rate
             where = places if together else directory
