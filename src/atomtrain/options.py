@@ -44,16 +44,11 @@ def _default_only(reasons: dict[str, str]) -> Any:
     return field_validator(*reasons)(classmethod(check))  # type: ignore[arg-type]
 
 
-def _one_data_set(value: Any, name: str) -> Any:
-    """metatrain's list form of a data set section: one entry only."""
-    if not isinstance(value, list):
-        return value
-    if len(value) != 1:
-        raise ValueError(
-            f"{name} lists {len(value)} data sets; atomtrain takes one per section: "
-            "concatenate the files into one"
-        )
-    return value[0]
+def _data_set_list(value: Any) -> Any:
+    """A data set section as a list of data sets: one path or mapping, or metatrain's list
+    of them. A path stands for a data set of that file with default keys."""
+    entries = value if isinstance(value, list) else [value]
+    return [{"systems": entry} if isinstance(entry, str) else entry for entry in entries]
 
 
 def _loss_from_metatrain(spec: dict) -> dict:
@@ -392,7 +387,9 @@ class DistributedOptions(Strict):
     (0: never)."""
 
 
-SplitOrDataset = Union[Annotated[float, Field(ge=0, lt=1)], DatasetOptions]
+SplitOrDataset = Union[
+    Annotated[float, Field(ge=0, lt=1)], Annotated[list[DatasetOptions], Field(min_length=1)]
+]
 
 
 class Options(Strict):
@@ -408,13 +405,16 @@ class Options(Strict):
     """Floating point precision of the model and training: 32 or 64 bits."""
     architecture: ArchitectureOptions = ArchitectureOptions()
     """Model architecture and its hyperparameters."""
-    training_set: DatasetOptions
-    """Training data: a file path, or a mapping with systems and targets."""
+    training_set: Annotated[list[DatasetOptions], Field(min_length=1)]
+    """Training data: a file path, a mapping with systems and targets, or a list of
+    those (metatrain's form). Several files may differ in keys and units; they must give
+    the same targets (forces, stress). Fractions for validation and test are cut from
+    each file separately."""
     validation_set: SplitOrDataset = 0.1
-    """Validation data: a fraction of the training file, or a data set like
+    """Validation data: a fraction of each training file, or data sets like
     training_set."""
     test_set: SplitOrDataset = 0.0
-    """Test data: a fraction of the training file, or a data set like training_set."""
+    """Test data: a fraction of each training file, or data sets like training_set."""
     distributed: DistributedOptions = DistributedOptions()
     """Multi-process training settings (atomtrain only)."""
     final_eval: bool = True
@@ -426,9 +426,8 @@ class Options(Strict):
 
     @field_validator("training_set", "validation_set", "test_set", mode="before")
     @classmethod
-    def _path_as_data_set(cls, value: Any, info: ValidationInfo) -> Any:
-        value = _one_data_set(value, str(info.field_name))
-        return {"systems": value} if isinstance(value, str) else value
+    def _as_data_set_list(cls, value: Any) -> Any:
+        return value if isinstance(value, (int, float)) else _data_set_list(value)
 
     @model_validator(mode="after")
     def _metatrain_port(self) -> Options:
@@ -437,24 +436,39 @@ class Options(Strict):
         return self
 
 
+def nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds, through unions, lists and Annotated."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in getattr(annotation, "__args__", ()) or ():
+        found = nested_model(argument)
+        if found is not None:
+            return found
+    return None
+
+
 def _model_at(model: type[BaseModel], location: tuple) -> type[BaseModel] | None:
     """The pydantic model class that holds the field at ``location``."""
-    current: Any = model
+    current: type[BaseModel] | None = model
     for part in location:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = current.model_fields.get(str(part))
+        if isinstance(part, int):  # an entry of a list of data sets
+            continue
+        field = current.model_fields.get(str(part)) if current is not None else None
         if field is None:
             return None
-        current = field.annotation
-        for candidate in getattr(current, "__args__", ()) or ():
-            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                current = candidate
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+        current = nested_model(field.annotation)
+    return current
 
 
-def _describe(error: dict, source: str) -> str:
+def _describe(error: dict, source: str, data: dict) -> str:
     location = tuple(part for part in error["loc"] if not (isinstance(part, str) and "[" in part))
+    if (
+        len(location) > 1
+        and isinstance(location[1], int)
+        and not isinstance(data.get(str(location[0])), list)
+    ):
+        # a data set given alone is held as a list of one: name it as the user wrote it
+        location = location[:1] + location[2:]
     # drop the names pydantic adds for union members (e.g. 'float', 'DatasetOptions')
     location = tuple(
         part for part in location if not (isinstance(part, str) and part[:1].isupper())
@@ -506,8 +520,8 @@ def _resolved(path: str, base: Path) -> str:
 
 
 def _resolve_paths(options: Options, base: Path) -> Options:
-    for dataset in (options.training_set, options.validation_set, options.test_set):
-        if isinstance(dataset, DatasetOptions):
+    for section in (options.training_set, options.validation_set, options.test_set):
+        for dataset in section if isinstance(section, list) else []:
             dataset.systems.read_from = _resolved(dataset.systems.read_from, base)
             for holder in dataset.targets.energy.file_holders():
                 if holder.read_from:
@@ -522,7 +536,9 @@ def parse_options(data: Any, source: str = "options", base: Path | None = None) 
     try:
         options = Options.model_validate(data)
     except ValidationError as error:
-        raise OptionsError(_describe(error.errors()[0], source)) from error
+        # of the errors of a union's members, the member that got furthest into the input
+        deepest = max(error.errors(), key=lambda entry: len(entry["loc"]))
+        raise OptionsError(_describe(deepest, source, data)) from error
     check_fractions(options, source)
     return _resolve_paths(options, base or Path.cwd())
 

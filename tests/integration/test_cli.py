@@ -175,6 +175,32 @@ def test_eval_accepts_metatrain_yaml(tmp_path, trained):
     assert np.abs(energies - reference).mean() < 5.0
 
 
+def printed_metrics(output: str, row_name: str) -> list[float]:
+    row = next(line for line in output.splitlines() if line.startswith(row_name))
+    return [float(value) for value in row.split()[1:]]
+
+
+def test_eval_of_several_files_in_one_description(tmp_path, trained, capsys):
+    """A metatrain eval description listing two files with their own keys and units
+    gives the metrics of the one file holding both."""
+    _, run = trained
+    frames = ase.io.read(ETHANOL, ":")
+    ase.io.write(tmp_path / "first.xyz", frames[:24], format="extxyz")
+    write_in_kcal(tmp_path / "second.xyz", frames[24:], "E_kcal", "F_kcal")
+    description = tmp_path / "both.yaml"
+    second = {"key": "E_kcal", "unit": "kcal/mol", "forces": {"key": "F_kcal"}}
+    description.write_text(
+        yaml.safe_dump(["first.xyz", {"systems": "second.xyz", "targets": {"energy": second}}])
+    )
+    model = str(run / "model.pt")
+    assert main(["eval", model, str(description), "-o", str(tmp_path / "both.xyz")]) == 0
+    both = printed_metrics(capsys.readouterr().out, "both.yaml")
+    assert main(["eval", model, str(ETHANOL), "-o", str(tmp_path / "one.xyz")]) == 0
+    one = printed_metrics(capsys.readouterr().out, "ethanol_40.xyz")
+    assert len(ase.io.read(tmp_path / "both.xyz", ":")) == 40
+    assert both == pytest.approx(one, abs=1e-3)
+
+
 def test_export_command(tmp_path, trained):
     _, run = trained
     output = tmp_path / "exported.pt"
@@ -216,6 +242,78 @@ def test_periodic_data_with_stress_trains(tmp_path):
     (run,) = run_directories(tmp_path / "outputs")
     header = (run / "train.csv").read_text().splitlines()[0]
     assert "validation_stress_rmse" in header
+
+
+def write_in_kcal(path, frames, energy_key, forces_key):
+    """``frames`` with energies and forces in kcal/mol under keys of their own."""
+    per_eV = ase.units.mol / ase.units.kcal
+    converted = []
+    for atoms in frames:
+        copy = ase.Atoms(atoms.numbers, atoms.positions, cell=atoms.cell, pbc=atoms.pbc)
+        copy.info[energy_key] = atoms.get_potential_energy() * per_eV
+        copy.arrays[forces_key] = atoms.get_forces() * per_eV
+        converted.append(copy)
+    ase.io.write(path, converted, format="extxyz")
+
+
+def test_several_training_files_train_the_model_of_their_concatenation(tmp_path):
+    """metatrain's list of data sets: two files, the second with its own keys and units,
+    train the model that one file holding both trains."""
+    frames = ase.io.read(ETHANOL, ":")
+    ase.io.write(tmp_path / "first.xyz", frames[:24], format="extxyz")
+    write_in_kcal(tmp_path / "second.xyz", frames[24:], "E_kcal", "F_kcal")
+    ase.io.write(tmp_path / "validation.xyz", frames[::5], format="extxyz")
+    second = {
+        "systems": str(tmp_path / "second.xyz"),
+        "targets": {"energy": {"key": "E_kcal", "unit": "kcal/mol", "forces": "F_kcal"}},
+    }
+    validation = {"systems": str(tmp_path / "validation.xyz")}
+    weights = {}
+    for name, training_set in (
+        ("two files", [str(tmp_path / "first.xyz"), second]),
+        ("one file", str(ETHANOL)),
+    ):
+        directory = tmp_path / name
+        directory.mkdir()
+        options = write_options(
+            directory, ETHANOL, training_set=training_set, validation_set=validation, test_set=0.0
+        )
+        assert train(directory, options) == 0
+        (run,) = run_directories(directory / "outputs")
+        weights[name] = checkpoint_weights(run / "best.ckpt")
+    for key, value in weights["one file"].items():
+        assert torch.allclose(weights["two files"][key], value, rtol=1e-9, atol=1e-9), key
+
+
+def test_fractions_are_cut_from_each_training_file(tmp_path):
+    frames = ase.io.read(ETHANOL, ":")
+    ase.io.write(tmp_path / "first.xyz", frames[:24], format="extxyz")
+    write_in_kcal(tmp_path / "second.xyz", frames[24:], "E_kcal", "F_kcal")
+    second = {
+        "systems": "second.xyz",
+        "targets": {"energy": {"key": "E_kcal", "unit": "kcal/mol", "forces": "F_kcal"}},
+    }
+    options = write_options(
+        tmp_path,
+        ETHANOL,
+        training_set=["first.xyz", second],
+        validation_set=0.25,
+        test_set=0.125,
+        architecture__training__num_epochs=1,
+    )
+    assert train(tmp_path, options) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    split = yaml.safe_load((run / "split.yaml").read_text())
+    assert [record["file"] for record in split] == [
+        str(tmp_path / "first.xyz"),
+        str(tmp_path / "second.xyz"),
+    ]
+    for record, size in zip(split, (24, 16)):
+        parts = record["training"] + record["validation"] + record["test"]
+        assert sorted(parts) == list(range(size))
+        assert (len(record["validation"]), len(record["test"])) == (size // 4, size // 8)
+    log = (run / "train.log").read_text()
+    assert "data: 25 training, 10 validation, 5 test structures" in log
 
 
 def test_the_options_file_metatrain_writes_trains(tmp_path):

@@ -43,6 +43,14 @@ def test_every_bundled_file_reads(path):
             assert torch.allclose(structure.stress, structure.stress.T)
 
 
+def test_targets_set_to_false_are_left_out():
+    """``forces: false`` trains on energies only, even where the file has forces."""
+    path = RESOURCES / "si_test.xyz"
+    structures = read_structures(path, TargetKeys(read_forces=False, read_stress=False))
+    assert all(s.forces is None and s.stress is None for s in structures)
+    assert all(s.forces is not None for s in read_structures(path, TargetKeys(read_stress=False)))
+
+
 def test_units_are_converted_through_ase():
     path = RESOURCES / "ethanol_reduced_100.xyz"
     raw = read_structures(path)

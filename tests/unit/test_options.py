@@ -62,8 +62,9 @@ def test_metatrain_soap_bpnn_file_runs_unchanged(tmp_path):
     assert options.architecture.model.bpnn.num_neurons_per_layer == 64
     assert options.architecture.training.loss.type == "mae"
     assert options.architecture.training.atomic_baseline == {1: -13.6}
-    assert options.training_set.targets.energy.unit == "hartree"
-    assert options.training_set.systems.read_from == str(tmp_path / "data.xyz")
+    (training_set,) = options.training_set
+    assert training_set.targets.energy.unit == "hartree"
+    assert training_set.systems.read_from == str(tmp_path / "data.xyz")
 
 
 def test_metatrain_atom_packing_keys_are_understood():
@@ -87,8 +88,8 @@ def test_the_options_file_metatrain_writes_runs_unchanged(tmp_path):
     assert training.loss.weights.model_dump() == {"energy": 1.0, "forces": 1.0, "stress": 1.0}
     assert options.distributed.port == 39591  # from training.distributed_port
     assert training.best_model_metric == "rmse_prod"
-    assert options.training_set.systems.read_from == str(tmp_path / "silicon_train.xyz")
-    energy = options.validation_set.targets.energy
+    assert options.training_set[0].systems.read_from == str(tmp_path / "silicon_train.xyz")
+    energy = options.validation_set[0].targets.energy
     assert energy.stress.read_from == str(tmp_path / "silicon_validation.xyz")
     assert (energy.stress.key, energy.virial) == ("stress", False)
 
@@ -141,7 +142,7 @@ def test_metatrain_loss_weights_and_types_are_mapped():
             "only the 'mean' reduction is implemented",
         ),
         ("architecture__training__loss", {"energy": {}, "dipole": {}}, "energy target only"),
-        ("training_set", ["a.xyz", "b.xyz"], "training_set lists 2 data sets"),
+        ("training_set", [], "List should have at least 1 item"),
         ("training_set__0__targets__energy__quantity", "dipole", "Input should be 'energy'"),
     ],
 )
@@ -167,9 +168,32 @@ def test_overrides_change_nested_values(tmp_path):
 
 def test_path_shorthand_for_data_sets():
     options = parse_options({"training_set": "/data/a.xyz", "test_set": "/data/b.xyz"})
-    assert options.training_set.systems.read_from == "/data/a.xyz"
-    assert options.test_set.systems.read_from == "/data/b.xyz"
+    assert [dataset.systems.read_from for dataset in options.training_set] == ["/data/a.xyz"]
+    assert [dataset.systems.read_from for dataset in options.test_set] == ["/data/b.xyz"]
     assert options.validation_set == 0.1
+
+
+def test_several_data_sets_per_section_each_with_its_keys_and_paths(tmp_path):
+    """metatrain's list form with several entries: paths and mappings mixed, each file
+    with its own keys and units, relative paths resolved against the options file."""
+    options = parse_options(
+        {
+            "training_set": [
+                "bulk.xyz",
+                {"systems": "surfaces.xyz", "targets": {"energy": {"key": "E", "unit": "meV"}}},
+            ],
+            "validation_set": [{"systems": {"read_from": "/data/validation.xyz"}}],
+        },
+        base=tmp_path,
+    )
+    bulk, surfaces = options.training_set
+    assert bulk.systems.read_from == str(tmp_path / "bulk.xyz")
+    assert bulk.targets.energy.key == "energy"
+    assert surfaces.systems.read_from == str(tmp_path / "surfaces.xyz")
+    assert (surfaces.targets.energy.key, surfaces.targets.energy.unit) == ("E", "meV")
+    assert [dataset.systems.read_from for dataset in options.validation_set] == [
+        "/data/validation.xyz"
+    ]
 
 
 def test_docs_options_md_is_current():

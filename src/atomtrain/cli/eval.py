@@ -18,7 +18,7 @@ from ..errors import OptionsError
 from ..io import atomic_write
 from ..models.export import load_exported
 from ..options import DatasetOptions
-from ..training.datasets import read_dataset
+from ..training.datasets import read_section
 from ..training.evaluation import local_batches, predict
 from ..training.loop import metrics_table
 from ..training.metrics import MetricSums, finalize
@@ -56,9 +56,9 @@ def add_parser(commands) -> None:
     parser.set_defaults(run=run)
 
 
-def dataset_options(path: Path) -> DatasetOptions:
+def dataset_options(path: Path) -> list[DatasetOptions]:
     if path.suffix.lower() not in (".yaml", ".yml"):
-        return DatasetOptions.model_validate({"systems": str(path)})
+        return [DatasetOptions.model_validate({"systems": str(path)})]
     if not path.exists():
         raise OptionsError(f"{path}: data description file not found")
     try:
@@ -109,7 +109,8 @@ def run(arguments: argparse.Namespace) -> int:
     check_output_path(arguments.output)
     model = load_exported(arguments.model)
     dtype = next(model.parameters()).dtype
-    structures = read_dataset(dataset_options(arguments.data), require_energy=False)
+    files = read_section(str(arguments.data), dataset_options(arguments.data), False)
+    structures = [structure for structures in files for structure in structures]
     forces = True
     stress = all(structure.pbc.all() for structure in structures)
     context = single_process(torch.device("cpu"))

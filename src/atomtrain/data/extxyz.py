@@ -191,7 +191,7 @@ class _FrameReader:
             cell=torch.from_numpy(cell),
             pbc=torch.from_numpy(np.asarray(atoms.pbc, dtype=bool)),
             energy=self.energy_of(index, atoms),
-            forces=self.forces_of(index, atoms, forces),
+            forces=self.forces_of(index, atoms, forces) if forces else None,
             stress=self.stress_of(index, atoms, stress) if stress else None,
         )
 

@@ -59,7 +59,9 @@ class Datasets:
     training: list[Structure]
     validation: list[Structure]
     test: list[Structure]
-    split: dict[str, list[int]]  # indices into the training file, for the record
+    # indices into each training file, for the record: {part: indices} for one file,
+    # [{file, part: indices}] for several
+    split: dict[str, list[int]] | list[dict]
 
 
 def elements(structures: list[Structure]) -> set[int]:
@@ -70,48 +72,77 @@ def elements(structures: list[Structure]) -> set[int]:
     return found
 
 
+def _targets_given(structures: list[Structure]) -> str:
+    """What a file gives beyond energies, e.g. "forces, stress" (forces are read for all
+    structures of a file or none; stress counts when every structure has it)."""
+    forces = bool(structures) and structures[0].forces is not None
+    stress = bool(structures) and all(structure.stress is not None for structure in structures)
+    given = [name for name, present in (("forces", forces), ("stress", stress)) if present]
+    return ", ".join(given) or "no forces or stress"
+
+
+def read_section(
+    name: str, section: list[DatasetOptions], require_energy: bool = True
+) -> list[list[Structure]]:
+    """Each file of a data set section, checked to give the same targets: a batch learns
+    forces and stress for all its structures or for none."""
+    files = [read_dataset(dataset, require_energy) for dataset in section]
+    given = [_targets_given(structures) for structures in files]
+    for dataset, targets in zip(section[1:], given[1:]):
+        if targets != given[0]:
+            raise DataError(
+                f"{dataset.systems.read_from}: gives {targets} beyond energies, but "
+                f"{section[0].systems.read_from} gives {given[0]}; every file of {name} "
+                "must give the same targets (set forces or stress to false where they "
+                "should not be learnt)"
+            )
+    return files
+
+
 def load_datasets(options: Options, seed: int) -> Datasets:
-    """Read the files, split off fractions with ``seed``, check the result is usable."""
-    source = options.training_set.systems.read_from
-    structures = read_dataset(options.training_set)
+    """Read the files, split off fractions of each training file (with ``seed`` plus the
+    file's position in the list), check the result is usable."""
+    sources = ", ".join(dataset.systems.read_from for dataset in options.training_set)
     fractions = [
         value if isinstance(value, float) else 0.0
         for value in (options.validation_set, options.test_set)
     ]
-    training_indices, validation_indices, test_indices = split_indices(
-        len(structures), fractions, seed
-    )
-    training = [structures[index] for index in training_indices]
+    parts: dict[str, list[Structure]] = {"training": [], "validation": [], "test": []}
+    split: list[dict] = []
+    training_files = read_section("training_set", options.training_set)
+    for position, structures in enumerate(training_files):
+        indices = split_indices(len(structures), fractions, seed + position)
+        record = dict(zip(parts, indices))
+        for part, chosen in record.items():
+            parts[part] += [structures[index] for index in chosen]
+        split.append({"file": options.training_set[position].systems.read_from, **record})
+    training = parts["training"]
     if not training:
         raise DataError(
-            f"{source}: no training structure is left after splitting off validation and "
+            f"{sources}: no training structure is left after splitting off validation and "
             "test fractions; lower the fractions or add data"
         )
     others = {}
-    for name, value, indices in (
-        ("validation_set", options.validation_set, validation_indices),
-        ("test_set", options.test_set, test_indices),
+    for name, value, part in (
+        ("validation_set", options.validation_set, "validation"),
+        ("test_set", options.test_set, "test"),
     ):
-        if isinstance(value, DatasetOptions):
-            others[name] = read_dataset(value)
+        if isinstance(value, list):
+            others[name] = [s for structures in read_section(name, value) for s in structures]
         else:
-            others[name] = [structures[index] for index in indices]
+            others[name] = parts[part]
     known = elements(training)
-    for name, part in others.items():
-        missing = elements(part) - known
+    for name, structures in others.items():
+        missing = elements(structures) - known
         if missing:
             raise DataError(
                 f"{name} contains atomic numbers {sorted(missing)} that the training set "
-                f"({source}) lacks; the model cannot predict them. Add such structures "
+                f"({sources}) lacks; the model cannot predict them. Add such structures "
                 "to the training set"
             )
     return Datasets(
         training=training,
         validation=others["validation_set"],
         test=others["test_set"],
-        split={
-            "training": training_indices,
-            "validation": validation_indices,
-            "test": test_indices,
-        },
+        split={part: split[0][part] for part in parts} if len(split) == 1 else split,
     )
