@@ -285,6 +285,16 @@ class ArchitectureOptions(Strict):
     """Model hyperparameters."""
     training: TrainingOptions = TrainingOptions()
     """Training hyperparameters."""
+    atomic_types: list[Annotated[int, Field(ge=1, le=118)]] | None = None
+    """Atomic numbers the model is built for (metatrain's key). Unset: the elements of
+    the training set. Elements listed but absent from the training set get an untrained
+    network and a zero energy baseline: a model to fine-tune later on data that has
+    them. Every data set must hold only listed elements."""
+
+    @field_validator("atomic_types")
+    @classmethod
+    def _distinct_types(cls, value: list[int] | None) -> list[int] | None:
+        return None if value is None else sorted(set(value))
 
     @field_validator("name")
     @classmethod

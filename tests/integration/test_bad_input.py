@@ -130,6 +130,11 @@ def test_element_missing_from_training(tmp_path, capsys):
     assert_one_line(code, error, "validation_set", "[7]", "training set")
 
 
+def test_element_missing_from_atomic_types(tmp_path, capsys):
+    code, error = train_with(tmp_path, capsys, architecture__atomic_types=[1, 6, 7])
+    assert_one_line(code, error, "training_set", "[8]", "architecture.atomic_types [1, 6, 7]")
+
+
 def test_cutoff_must_be_positive(tmp_path, capsys):
     code, error = train_with(
         tmp_path, capsys, architecture__model__soap__cutoff={"radius": 0.0, "width": 0.5}

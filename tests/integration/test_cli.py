@@ -316,6 +316,28 @@ def test_fractions_are_cut_from_each_training_file(tmp_path):
     assert "data: 25 training, 10 validation, 5 test structures" in log
 
 
+def test_atomic_types_build_networks_for_elements_the_training_set_lacks(tmp_path):
+    """Listed elements absent from training (nitrogen here) get a network and a zero
+    baseline, so validation data holding them is accepted (metatrain's atomic_types)."""
+    options = write_options(
+        tmp_path,
+        ETHANOL,
+        validation_set={
+            "systems": str(RESOURCES / "qm9_reduced_100.xyz"),
+            "targets": {"energy": {"key": "U0", "unit": "hartree"}},
+        },
+        test_set=0.0,
+        architecture__atomic_types=[8, 7, 6, 1],
+        architecture__training__num_epochs=1,
+    )
+    assert train(tmp_path, options) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    model = torch.jit.load(run / "model.pt")
+    assert list(model.atomic_types) == [1, 6, 7, 8]
+    assert model.baseline[2].item() == 0.0 and model.baseline[0].item() != 0.0
+    assert "validation: E RMSE" in (run / "train.log").read_text()
+
+
 def test_the_options_file_metatrain_writes_trains(tmp_path):
     """metatrain's options_restart.yaml as is (full-size SOAP-BPNN, stress, the best
     model by metatrain's product of RMSEs), on 20 + 5 silicon cells."""

@@ -229,3 +229,11 @@ def test_expanded_options_load_back(tmp_path):
     again = tmp_path / "again.yaml"
     again.write_text(yaml.safe_dump(expanded(options)))
     assert load_options(again) == options
+
+
+def test_atomic_types_are_distinct_sorted_atomic_numbers():
+    options = parse_options({"training_set": "a.xyz", "architecture": {"atomic_types": [8, 1, 8]}})
+    assert options.architecture.atomic_types == [1, 8]
+    assert parse_options({"training_set": "a.xyz"}).architecture.atomic_types is None
+    with pytest.raises(OptionsError, match="'architecture.atomic_types.0'.*greater than or eq"):
+        parse_options({"training_set": "a.xyz", "architecture": {"atomic_types": [0]}})

@@ -131,14 +131,20 @@ def load_datasets(options: Options, seed: int) -> Datasets:
             others[name] = [s for structures in read_section(name, value) for s in structures]
         else:
             others[name] = parts[part]
-    known = elements(training)
-    for name, structures in others.items():
-        missing = elements(structures) - known
+    listed = options.architecture.atomic_types
+    for name, structures in [("training_set", training), *others.items()]:
+        missing = elements(structures) - (set(listed) if listed else elements(training))
+        if missing and listed:
+            raise DataError(
+                f"{name} contains atomic numbers {sorted(missing)} that "
+                f"architecture.atomic_types {listed} lacks; add them to atomic_types or "
+                "leave it unset"
+            )
         if missing:
             raise DataError(
                 f"{name} contains atomic numbers {sorted(missing)} that the training set "
                 f"({sources}) lacks; the model cannot predict them. Add such structures "
-                "to the training set"
+                "to the training set, or list them in architecture.atomic_types"
             )
     return Datasets(
         training=training,

@@ -213,7 +213,8 @@ class Trainer:
         if state is not None:
             self.model = SoapBpnn(**state["hypers"])
         else:
-            self.model = build_model(options, sorted(elements(training)))
+            types = options.architecture.atomic_types or sorted(elements(training))
+            self.model = build_model(options, types)
         self.model.set_precision(self.dtype)
         if state is not None:
             self.model.load_state_dict(state["model_state"])
