@@ -288,8 +288,9 @@ class ArchitectureOptions(Strict):
     atomic_types: list[Annotated[int, Field(ge=1, le=118)]] | None = None
     """Atomic numbers the model is built for (metatrain's key). Unset: the elements of
     the training set. Elements listed but absent from the training set get an untrained
-    network and a zero energy baseline: a model to fine-tune later on data that has
-    them. Every data set must hold only listed elements."""
+    network and a zero energy baseline (the exported model accepts them; its predictions
+    for them mean nothing until trained). Every data set must hold only listed
+    elements."""
 
     @field_validator("atomic_types")
     @classmethod
