@@ -418,9 +418,10 @@ class Options(Strict):
     """Model architecture and its hyperparameters."""
     training_set: Annotated[list[DatasetOptions], Field(min_length=1)]
     """Training data: a file path, a mapping with systems and targets, or a list of
-    those (metatrain's form). Several files may differ in keys and units; they must give
-    the same targets (forces, stress). Fractions for validation and test are cut from
-    each file separately."""
+    those (metatrain's form). Files may differ in keys, units and targets: forces and
+    stress are learnt and reported for the structures that have them (molecules with
+    energies only beside crystals with stress). Fractions for validation and test are
+    cut from each file separately."""
     validation_set: SplitOrDataset = 0.1
     """Validation data: a fraction of each training file, or data sets like
     training_set."""

@@ -108,16 +108,6 @@ def test_forces_requested_but_absent(tmp_path, capsys):
     assert_one_line(code, error, "qm9_reduced_100.xyz", "no forces under key 'forces'")
 
 
-def test_training_files_with_different_targets(tmp_path, capsys):
-    without_forces = {"systems": str(ETHANOL), "targets": {"energy": {"forces": False}}}
-    code, error = train_with(
-        tmp_path, capsys, training_set=[str(ETHANOL), without_forces], validation_set=0.2
-    )
-    assert_one_line(
-        code, error, "gives no forces or stress beyond energies", "gives forces", "training_set"
-    )
-
-
 def test_element_missing_from_training(tmp_path, capsys):
     code, error = train_with(
         tmp_path,

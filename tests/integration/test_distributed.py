@@ -156,6 +156,44 @@ def test_batches_packed_by_atoms_give_the_single_process_model(tmp_path_factory)
     assert_same_run(runs[1], runs[0])
 
 
+def test_files_with_different_targets_give_the_single_process_model(tmp_path_factory):
+    """Three files: molecules with forces, molecules with energies only (in hartree, under
+    their own key), silicon cells with forces and stress. Each target is learnt and
+    reported where it is known; two processes train the single-process model."""
+    ethanol = ase.io.read(RESOURCES / "ethanol_40.xyz", ":12")
+    qm9 = ase.io.read(RESOURCES / "qm9_reduced_100.xyz", ":12")
+    silicon = ase.io.read(RESOURCES / "si_test.xyz", "7:12")  # 24 to 64 atoms
+    runs = []
+    for extra in ([], ["--nproc", "2"]):
+        directory = tmp_path_factory.mktemp("mixed")
+        for name, frames in (("ethanol", ethanol), ("qm9", qm9), ("silicon", silicon)):
+            ase.io.write(directory / f"{name}.xyz", frames, format="extxyz")
+        options = write_options(
+            directory,
+            directory / "ethanol.xyz",
+            training_set=[
+                "ethanol.xyz",
+                {"systems": "qm9.xyz", "targets": {"energy": {"key": "U0", "unit": "hartree"}}},
+                "silicon.xyz",
+            ],
+            validation_set=0.25,
+            test_set=0.0,
+            architecture__training__batch_size=4,
+            architecture__training__num_epochs=2,
+        )
+        run, _ = launch([PYTHON, "-m", "atomtrain", "train", str(options), *extra], directory)
+        log = (run / "train.log").read_text()
+        assert "targets: energy, forces (13 of 22 structures), stress (4 of 22" in log
+        header = read_csv(run)[0]
+        assert "validation_forces_rmse" in header and "validation_stress_rmse" in header
+        runs.append(run)
+    # Each step's summed gradient equals the single-process one to 1e-15 (a unit test
+    # checks it on this data); Adam's first steps, which scale every gradient to about
+    # the learning rate, amplify that rounding more on these energies (eV to hartree,
+    # molecules to 64-atom cells) than on ethanol alone: 5e-7 after two epochs.
+    assert_same_run(runs[1], runs[0], tolerance=1e-6)
+
+
 def test_torchrun_equals_single_process(reference, workdir):
     torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
     run, _ = launch(

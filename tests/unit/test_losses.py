@@ -7,11 +7,12 @@ import ase.build
 import pytest
 import torch
 
-from atomtrain.data import collate
+from atomtrain.data import TargetKeys, collate
+from atomtrain.data.sampler import shard_by_work
 from atomtrain.distributed.context import single_process
 from atomtrain.options import LossOptions, parse_options
-from atomtrain.training.evaluation import metric_sums
-from atomtrain.training.loop import selection_metric
+from atomtrain.training.evaluation import metric_sums, predict
+from atomtrain.training.loop import global_counts, selection_metric
 from atomtrain.training.losses import GlobalCounts, batch_loss
 from atomtrain.training.metrics import SUM_NAMES, MetricSums, finalize, resumed_sums
 
@@ -100,3 +101,67 @@ def test_metric_sums_do_not_depend_on_how_structures_are_batched():
     by_atoms = metric_sums(model, structures, context, 3, torch.float64, max_atoms=50)
     assert by_count[SUM_NAMES.index("structures")] == 7
     torch.testing.assert_close(by_atoms, by_count, rtol=1e-12, atol=0.0)
+
+
+def test_targets_known_for_some_structures_count_only_there():
+    """Data sets of several files may give forces and stress for some structures only:
+    the loss and the error sums take each target where it is known, counted there."""
+    silicon = labelled_silicon((1, 1, 1))  # energy, forces, stress
+    molecule = structure_from_atoms(ase.build.molecule("CH4"))
+    molecule.energy = -24.0  # energy only
+    batch = collate([molecule, silicon], 3.0)
+    assert batch.forces is not None and batch.stress is not None
+    assert batch.forces_mask is not None and batch.stress_mask is not None
+    assert batch.forces_mask.tolist() == [False] * 5 + [True] * 8
+    assert batch.stress_mask.tolist() == [False, True]
+    generator = torch.Generator().manual_seed(0)
+    energy_error = torch.randn(2, generator=generator, dtype=torch.float64)
+    force_error = torch.randn((13, 3), generator=generator, dtype=torch.float64)
+    stress_error = torch.randn((2, 3, 3), generator=generator, dtype=torch.float64) * 1e-2
+    predictions = {
+        "energy": batch.energy + energy_error,
+        "forces": batch.forces + force_error,
+        "stress": batch.stress + stress_error,
+    }
+    counts = GlobalCounts(structures=2, force_components=24, stress_components=9)
+    volume_per_atom = silicon.volume / silicon.n_atoms
+    expected = (
+        float(((energy_error / torch.tensor([5.0, 8.0])) ** 2).sum()) / 2
+        + float((force_error[5:] ** 2).sum()) / 24
+        + float(((stress_error[1] * volume_per_atom) ** 2).sum()) / 9
+    )
+    loss = float(batch_loss(predictions, batch, LossOptions(), counts))
+    assert loss == pytest.approx(expected, rel=1e-12)
+    sums = MetricSums()
+    sums.accumulate(predictions, batch)
+    values = dict(zip(SUM_NAMES, sums.values.tolist()))
+    assert (values["force_components"], values["stress_components"]) == (24, 9)
+    assert values["forces_squared"] == pytest.approx(float((force_error[5:] ** 2).sum()))
+    assert values["stress_squared"] == pytest.approx(float((stress_error[1] ** 2).sum()))
+
+
+def test_ranks_gradients_add_up_to_the_whole_batch_with_targets_known_in_part():
+    """Molecules with forces, molecules with energies only, silicon with stress: the
+    gradients of each rank's share of the loss, summed, are the whole batch's."""
+    structures = (
+        read(RESOURCES / "ethanol_40.xyz")[:4]
+        + read(RESOURCES / "qm9_reduced_100.xyz", keys=TargetKeys(energy="U0"))[:4]
+        + read(RESOURCES / "si_test.xyz")[7:10]
+    )
+    model = small_model([1, 6, 7, 8, 14])
+    parameters = list(model.parameters())
+    indices = list(range(len(structures)))
+    counts = global_counts(structures, indices)
+
+    def gradients(part: list[int]) -> list[torch.Tensor]:
+        batch = collate([structures[index] for index in part], model.cutoff)
+        predictions = predict(model, batch, True, True, create_graph=True)
+        loss = batch_loss(predictions, batch, LossOptions(), counts)
+        return list(torch.autograd.grad(loss, parameters))
+
+    whole = gradients(indices)
+    shares = [shard_by_work(structures, indices, model.cutoff, rank, 2) for rank in range(2)]
+    assert all(shares) and sorted(shares[0] + shares[1]) == indices
+    summed = [a + b for a, b in zip(gradients(shares[0]), gradients(shares[1]))]
+    for expected, actual in zip(whole, summed):
+        torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-15)

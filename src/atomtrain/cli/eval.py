@@ -109,10 +109,9 @@ def run(arguments: argparse.Namespace) -> int:
     check_output_path(arguments.output)
     model = load_exported(arguments.model)
     dtype = next(model.parameters()).dtype
-    files = read_section(str(arguments.data), dataset_options(arguments.data), False)
-    structures = [structure for structures in files for structure in structures]
+    structures = read_section(dataset_options(arguments.data), require_energy=False)
     forces = True
-    stress = all(structure.pbc.all() for structure in structures)
+    stress = any(structure.pbc.all() for structure in structures)
     context = single_process(torch.device("cpu"))
     sums = MetricSums(context.device)
     predictions: list[dict] = []
@@ -132,7 +131,7 @@ def run(arguments: argparse.Namespace) -> int:
                 "energy": float(predicted["energy"][position].detach()),
                 "forces": predicted["forces"][start : start + count].detach().double().numpy(),
             }
-            if stress:
+            if stress and structures[chunk[position]].pbc.all():
                 entry["stress"] = predicted["stress"][position].detach().double().numpy()
             predictions.append(entry)
     write_predictions(arguments.output, structures, predictions)
@@ -152,9 +151,10 @@ def parity_pairs(structures, predictions) -> dict[str, tuple[list[float], list[f
             [s.energy / s.n_atoms for s in structures],
             [p["energy"] / s.n_atoms for s, p in zip(structures, predictions)],
         )
-    if all(structure.forces is not None for structure in structures):
+    known = [(s, p) for s, p in zip(structures, predictions) if s.forces is not None]
+    if known:
         pairs["force component (eV/A)"] = (
-            torch.cat([s.forces.reshape(-1) for s in structures]).tolist(),
-            [v for p in predictions for v in p["forces"].reshape(-1).tolist()],
+            torch.cat([s.forces.reshape(-1) for s, _ in known]).tolist(),
+            [v for _, p in known for v in p["forces"].reshape(-1).tolist()],
         )
     return pairs

@@ -25,8 +25,11 @@ class Batch:
     cell_shifts: torch.Tensor  # [n_pairs, 3], float like positions
     n_atoms: torch.Tensor  # [n_structures]
     energy: torch.Tensor | None = None  # [n_structures]
-    forces: torch.Tensor | None = None  # [n_atoms, 3]
-    stress: torch.Tensor | None = None  # [n_structures, 3, 3]
+    forces: torch.Tensor | None = None  # [n_atoms, 3], zeros where unknown
+    stress: torch.Tensor | None = None  # [n_structures, 3, 3], zeros where unknown
+    # which atoms' forces (structures' stresses) are known, when not all are
+    forces_mask: torch.Tensor | None = None  # [n_atoms] bool
+    stress_mask: torch.Tensor | None = None  # [n_structures] bool
 
     @property
     def n_structures(self) -> int:
@@ -44,10 +47,20 @@ class Batch:
         return Batch(**moved)
 
 
-def _concatenate_optional(values: list[torch.Tensor | None]) -> torch.Tensor | None:
-    if not values or any(value is None for value in values):
-        return None
-    return torch.cat(values)  # type: ignore[arg-type]
+def _with_blanks(
+    values: list[torch.Tensor | None], blank_shapes: list[tuple[int, ...]]
+) -> tuple[list[torch.Tensor] | None, torch.Tensor | None]:
+    """Each structure's target, zeros where it has none, and which have one (None when
+    all do); (None, None) when none does. Data sets of several files may give a target
+    for some structures only."""
+    known = [value is not None for value in values]
+    if not any(known):
+        return None, None
+    filled = [
+        value if value is not None else torch.zeros(shape, dtype=torch.float64)
+        for value, shape in zip(values, blank_shapes)
+    ]
+    return filled, None if all(known) else torch.tensor(known)
 
 
 def empty_batch(energy: bool, forces: bool, stress: bool) -> Batch:
@@ -89,6 +102,13 @@ def collate(structures: Sequence[Structure], cutoff: float) -> Batch:
     lists = [neighbor_list(structure, cutoff) for structure in structures]
     n_atoms = torch.tensor([structure.n_atoms for structure in structures], dtype=torch.long)
     energies = [structure.energy for structure in structures]
+    forces, forces_known = _with_blanks(
+        [structure.forces for structure in structures],
+        [(structure.n_atoms, 3) for structure in structures],
+    )
+    stress, stress_mask = _with_blanks(
+        [structure.stress for structure in structures], [(3, 3)] * len(structures)
+    )
     return Batch(
         positions=torch.cat([structure.positions for structure in structures]),
         atomic_numbers=torch.cat([structure.atomic_numbers for structure in structures]),
@@ -102,8 +122,10 @@ def collate(structures: Sequence[Structure], cutoff: float) -> Batch:
         energy=None
         if any(energy is None for energy in energies)
         else torch.tensor(energies, dtype=torch.float64),
-        forces=_concatenate_optional([structure.forces for structure in structures]),
-        stress=None
-        if any(structure.stress is None for structure in structures)
-        else torch.stack([structure.stress for structure in structures]),  # type: ignore[misc]
+        forces=None if forces is None else torch.cat(forces),
+        stress=None if stress is None else torch.stack(stress),
+        forces_mask=None
+        if forces_known is None
+        else torch.repeat_interleave(forces_known, n_atoms),
+        stress_mask=stress_mask,
     )

@@ -72,31 +72,10 @@ def elements(structures: list[Structure]) -> set[int]:
     return found
 
 
-def _targets_given(structures: list[Structure]) -> str:
-    """What a file gives beyond energies, e.g. "forces, stress" (forces are read for all
-    structures of a file or none; stress counts when every structure has it)."""
-    forces = bool(structures) and structures[0].forces is not None
-    stress = bool(structures) and all(structure.stress is not None for structure in structures)
-    given = [name for name, present in (("forces", forces), ("stress", stress)) if present]
-    return ", ".join(given) or "no forces or stress"
-
-
-def read_section(
-    name: str, section: list[DatasetOptions], require_energy: bool = True
-) -> list[list[Structure]]:
-    """Each file of a data set section, checked to give the same targets: a batch learns
-    forces and stress for all its structures or for none."""
-    files = [read_dataset(dataset, require_energy) for dataset in section]
-    given = [_targets_given(structures) for structures in files]
-    for dataset, targets in zip(section[1:], given[1:]):
-        if targets != given[0]:
-            raise DataError(
-                f"{dataset.systems.read_from}: gives {targets} beyond energies, but "
-                f"{section[0].systems.read_from} gives {given[0]}; every file of {name} "
-                "must give the same targets (set forces or stress to false where they "
-                "should not be learnt)"
-            )
-    return files
+def read_section(section: list[DatasetOptions], require_energy: bool = True) -> list[Structure]:
+    """The structures of every file of a data set section, in order. Files may give
+    different targets (forces, stress): each is learnt where it is known."""
+    return [structure for dataset in section for structure in read_dataset(dataset, require_energy)]
 
 
 def load_datasets(options: Options, seed: int) -> Datasets:
@@ -109,8 +88,8 @@ def load_datasets(options: Options, seed: int) -> Datasets:
     ]
     parts: dict[str, list[Structure]] = {"training": [], "validation": [], "test": []}
     split: list[dict] = []
-    training_files = read_section("training_set", options.training_set)
-    for position, structures in enumerate(training_files):
+    for position, dataset in enumerate(options.training_set):
+        structures = read_dataset(dataset)
         indices = split_indices(len(structures), fractions, seed + position)
         record = dict(zip(parts, indices))
         for part, chosen in record.items():
@@ -128,7 +107,7 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         ("test_set", options.test_set, "test"),
     ):
         if isinstance(value, list):
-            others[name] = [s for structures in read_section(name, value) for s in structures]
+            others[name] = read_section(value)
         else:
             others[name] = parts[part]
     listed = options.architecture.atomic_types

@@ -74,8 +74,8 @@ def metric_sums(
     cutoff = float(model.cutoff)
     everything = list(range(len(structures)))
     indices = shard_by_work(structures, everything, cutoff, context.rank, context.world_size)
-    forces = structures[0].forces is not None
-    stress = all(structure.stress is not None for structure in structures)
+    forces = any(structure.forces is not None for structure in structures)
+    stress = any(structure.stress is not None for structure in structures)
     for _, batch in local_batches(structures, indices, batch_size, cutoff, max_atoms):
         batch = batch.to(context.device, dtype)
         predictions = predict(model, batch, forces, stress)

@@ -139,6 +139,20 @@ def batch_plan(
     return BatchPlan(len(training), options.batch_size, seed, packed)
 
 
+def targets_given(structures: list[Structure]) -> tuple[int, int]:
+    """How many structures have forces, and how many a stress."""
+    return (
+        sum(structure.forces is not None for structure in structures),
+        sum(structure.stress is not None for structure in structures),
+    )
+
+
+def describe_share(target: str, given: int, total: int) -> str:
+    if given == 0:
+        return ""
+    return f", {target}" + (f" ({given} of {total} structures)" if given < total else "")
+
+
 def global_counts(structures: list[Structure], indices: list[int]) -> GlobalCounts:
     chosen = [structures[index] for index in indices]
     return GlobalCounts(
@@ -196,13 +210,13 @@ class Trainer:
         self.dtype = torch.float64 if options.base_precision == 64 else torch.float32
         self.datasets: Datasets = load_datasets(options, seed)
         training = self.datasets.training
-        self.forces = training[0].forces is not None
-        self.stress = all(structure.stress is not None for structure in training)
+        with_forces, with_stress = targets_given(training)
+        self.forces, self.stress = with_forces > 0, with_stress > 0
         logger.info(
             f"data: {len(training)} training, {len(self.datasets.validation)} validation, "
             f"{len(self.datasets.test)} test structures; targets: energy"
-            + (", forces" if self.forces else "")
-            + (", stress" if self.stress else "")
+            + describe_share("forces", with_forces, len(training))
+            + describe_share("stress", with_stress, len(training))
         )
         state = run.restart_state
         if context.is_main and state is None:

@@ -30,6 +30,15 @@ def elementwise(kind: str, difference: torch.Tensor, huber_delta: float) -> torc
     )
 
 
+def known_only(difference: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Differences of unknown targets set to zero: they add nothing to any loss or error
+    sum (every elementwise loss is zero at zero). A product, not a selection, so that
+    the step needs no host-device synchronisation."""
+    if mask is None:
+        return difference
+    return difference * mask.reshape(-1, *[1] * (difference.dim() - 1)).to(difference.dtype)
+
+
 def volume_per_atom(batch: Batch) -> torch.Tensor:
     """[structures, 1, 1]: turns a stress error into one of the virial per atom (eV/atom),
     which weighs like the energy per atom whatever the cell size (metatrain's convention
@@ -52,11 +61,12 @@ def batch_loss(
     loss = weights.energy * elementwise(options.type, difference, options.huber_delta).sum()
     loss = loss / max(counts.structures, 1)
     if batch.forces is not None and "forces" in predictions:
-        difference = predictions["forces"] - batch.forces
+        difference = known_only(predictions["forces"] - batch.forces, batch.forces_mask)
         term = elementwise(options.type, difference, options.huber_delta).sum()
         loss = loss + weights.forces * term / max(counts.force_components, 1)
     if batch.stress is not None and "stress" in predictions:
         difference = (predictions["stress"] - batch.stress) * volume_per_atom(batch)
+        difference = known_only(difference, batch.stress_mask)
         term = elementwise(options.type, difference, options.huber_delta).sum()
         loss = loss + weights.stress * term / max(counts.stress_components, 1)
     return loss

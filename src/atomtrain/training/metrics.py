@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..data.batch import Batch
-from .losses import volume_per_atom
+from .losses import known_only, volume_per_atom
 
 SUM_NAMES = (
     "energy_per_atom_squared",
@@ -42,6 +42,13 @@ METRICS = {
 }
 
 
+def known_count(difference: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | int:
+    """How many entries of ``difference`` have a known target."""
+    if mask is None:
+        return difference.numel()
+    return mask.sum() * (difference.numel() // max(mask.numel(), 1))
+
+
 class MetricSums:
     """Running sums of errors and counts, kept as one float64 tensor."""
 
@@ -69,14 +76,16 @@ class MetricSums:
             self.add("structures", batch.n_structures)
         if batch.forces is not None and "forces" in predictions:
             difference = (predictions["forces"].detach() - batch.forces).double()
+            difference = known_only(difference, batch.forces_mask)
             self.add("forces_squared", (difference**2).sum())
             self.add("forces_absolute", difference.abs().sum())
-            self.add("force_components", difference.numel())
+            self.add("force_components", known_count(difference, batch.forces_mask))
         if batch.stress is not None and "stress" in predictions:
             difference = (predictions["stress"].detach() - batch.stress).double()
+            difference = known_only(difference, batch.stress_mask)
             self.add("stress_squared", (difference**2).sum())
             self.add("stress_absolute", difference.abs().sum())
-            self.add("stress_components", difference.numel())
+            self.add("stress_components", known_count(difference, batch.stress_mask))
             virial = difference * volume_per_atom(batch).double()
             self.add("virial_per_atom_squared", (virial**2).sum())
             self.add("virial_per_atom_absolute", virial.abs().sum())
