@@ -36,7 +36,9 @@ class Calculator(AseCalculator):
                 f"{sorted(self.atomic_types)}"
             )
         pbc = np.asarray(atoms.pbc, dtype=bool)
-        neighbors = compute_neighbor_list(atoms.positions, atoms.cell.array, pbc, self.cutoff)
+        first, second, shifts = compute_neighbor_list(
+            atoms.positions, atoms.cell.array, pbc, self.cutoff
+        ).full()
         compute_stress = bool(pbc.all())
 
         def tensor(value, dtype=None):
@@ -47,9 +49,9 @@ class Calculator(AseCalculator):
             cell=tensor(atoms.cell.array).reshape(1, 3, 3),
             atomic_numbers=tensor(atoms.numbers, torch.long),
             system_index=torch.zeros(len(atoms), dtype=torch.long, device=self.device),
-            pair_first=neighbors.first.to(self.device),
-            pair_second=neighbors.second.to(self.device),
-            cell_shifts=tensor(neighbors.cell_shifts),
+            pair_first=first.to(self.device),
+            pair_second=second.to(self.device),
+            cell_shifts=tensor(shifts),
             periodic=tensor([bool(pbc.any())], torch.bool),
             compute_forces=True,
             compute_stress=compute_stress,

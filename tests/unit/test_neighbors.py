@@ -6,6 +6,7 @@ import ase
 import ase.build
 import numpy as np
 import pytest
+import torch
 from ase.neighborlist import neighbor_list as ase_neighbor_list
 
 from atomtrain.data.neighbors import neighbor_list
@@ -19,8 +20,8 @@ def pairs_from_ase(atoms, cutoff):
 
 
 def pairs_from_atomtrain(atoms, cutoff):
-    nl = neighbor_list(structure_from_atoms(atoms), cutoff)
-    return sorted(zip(nl.first.tolist(), nl.second.tolist(), map(tuple, nl.cell_shifts.tolist())))
+    first, second, shifts = neighbor_list(structure_from_atoms(atoms), cutoff).full()
+    return sorted(zip(first.tolist(), second.tolist(), map(tuple, shifts.tolist())))
 
 
 def skewed_cell():
@@ -51,11 +52,11 @@ def test_neighbor_lists_agree_with_ase(name):
 
 def test_pair_vectors_have_the_right_length():
     atoms, cutoff = CASES["skewed-periodic"]
-    nl = neighbor_list(structure_from_atoms(atoms), cutoff)
+    first, second, shifts = neighbor_list(structure_from_atoms(atoms), cutoff).full()
     vectors = (
-        atoms.positions[nl.second.numpy()]
-        - atoms.positions[nl.first.numpy()]
-        + nl.cell_shifts.numpy() @ atoms.cell.array
+        atoms.positions[second.numpy()]
+        - atoms.positions[first.numpy()]
+        + shifts.numpy() @ atoms.cell.array
     )
     distances = np.linalg.norm(vectors, axis=1)
     assert np.all(distances < cutoff) and np.all(distances > 0)
@@ -66,3 +67,16 @@ def test_neighbor_list_is_cached():
     first = neighbor_list(structure, 3.0)
     assert neighbor_list(structure, 3.0) is first
     assert neighbor_list(structure, 2.0) is not first
+
+
+def test_a_structure_keeps_each_pair_once_in_32_bits():
+    """The cached list holds each pair once (a quarter of the full list in 64 bits); the
+    full list is those pairs, then the same reversed in the same order."""
+    atoms, cutoff = CASES["small-periodic"]
+    nl = neighbor_list(structure_from_atoms(atoms), cutoff)
+    assert {nl.first.dtype, nl.second.dtype, nl.cell_shifts.dtype} == {torch.int32}
+    first, second, shifts = nl.full()
+    half = nl.first.shape[0]
+    assert first.shape[0] == nl.n_pairs == 2 * half and first.dtype == torch.int64
+    assert torch.equal(first[half:], second[:half]) and torch.equal(second[half:], first[:half])
+    assert torch.equal(shifts[half:], -shifts[:half])

@@ -84,14 +84,6 @@ def empty_batch(energy: bool, forces: bool, stress: bool) -> Batch:
     )
 
 
-def mirrored_cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenate per-structure pair arrays laid out [pairs; the same reversed] so that
-    the batch is laid out that way too: all first halves, then all second halves."""
-    halves = [part[: part.shape[0] // 2] for part in parts]
-    reversed_halves = [part[part.shape[0] // 2 :] for part in parts]
-    return torch.cat(halves + reversed_halves)
-
-
 def collate(structures: Sequence[Structure], cutoff: float) -> Batch:
     """Concatenate structures into one batch, using each one's cached neighbor list."""
     offsets = []
@@ -100,6 +92,10 @@ def collate(structures: Sequence[Structure], cutoff: float) -> Batch:
         offsets.append(offset)
         offset += structure.n_atoms
     lists = [neighbor_list(structure, cutoff) for structure in structures]
+    # the batch's full list: every structure's pairs, then all of them reversed
+    first = torch.cat([nl.first + start for nl, start in zip(lists, offsets)])
+    second = torch.cat([nl.second + start for nl, start in zip(lists, offsets)])
+    shifts = torch.cat([nl.cell_shifts for nl in lists])
     n_atoms = torch.tensor([structure.n_atoms for structure in structures], dtype=torch.long)
     energies = [structure.energy for structure in structures]
     forces, forces_known = _with_blanks(
@@ -115,9 +111,9 @@ def collate(structures: Sequence[Structure], cutoff: float) -> Batch:
         system_index=torch.repeat_interleave(torch.arange(len(structures)), n_atoms),
         cell=torch.stack([structure.cell for structure in structures]),
         periodic=torch.tensor([structure.is_periodic for structure in structures]),
-        pair_first=mirrored_cat([nl.first + start for nl, start in zip(lists, offsets)]),
-        pair_second=mirrored_cat([nl.second + start for nl, start in zip(lists, offsets)]),
-        cell_shifts=mirrored_cat([nl.cell_shifts for nl in lists]).to(torch.float64),
+        pair_first=torch.cat([first, second]).long(),
+        pair_second=torch.cat([second, first]).long(),
+        cell_shifts=torch.cat([shifts, -shifts]).to(torch.float64),
         n_atoms=n_atoms,
         energy=None
         if any(energy is None for energy in energies)

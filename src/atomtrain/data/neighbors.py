@@ -12,9 +12,9 @@ from .system import NeighborList, Structure
 def compute_neighbor_list(
     positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float
 ) -> NeighborList:
-    """Full neighbor list for one structure, laid out as each pair once (vesin's half
-    list) followed by the same pairs reversed, in the same order: the model then computes
-    the geometry of the first half only (see SoapBpnn.energies)."""
+    """Each pair within the cutoff once (vesin's half list); batches lay out the full list
+    as these pairs followed by the same reversed, in the same order, and the model then
+    computes the geometry of the first half only (see SoapBpnn.energies)."""
     calculator = vesin.NeighborList(cutoff=cutoff, full_list=False)
     box = cell if bool(np.any(pbc)) else np.zeros((3, 3))
     first, second, shifts = calculator.compute(
@@ -24,13 +24,10 @@ def compute_neighbor_list(
         quantities="ijS",
         copy=True,
     )
-    first = torch.from_numpy(first.astype(np.int64))
-    second = torch.from_numpy(second.astype(np.int64))
-    shifts = torch.from_numpy(shifts.astype(np.int64))
     return NeighborList(
-        first=torch.cat([first, second]),
-        second=torch.cat([second, first]),
-        cell_shifts=torch.cat([shifts, -shifts]),
+        first=torch.from_numpy(first.astype(np.int32)),
+        second=torch.from_numpy(second.astype(np.int32)),
+        cell_shifts=torch.from_numpy(shifts.astype(np.int32)),
     )
 
 
@@ -50,4 +47,4 @@ def neighbor_list(structure: Structure, cutoff: float) -> NeighborList:
 
 def pair_count(structure: Structure, cutoff: float) -> int:
     """Neighbor pairs of ``structure`` (at least one), the measure of its work."""
-    return max(int(neighbor_list(structure, cutoff).first.numel()), 1)
+    return max(neighbor_list(structure, cutoff).n_pairs, 1)

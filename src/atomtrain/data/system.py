@@ -9,16 +9,31 @@ import torch
 
 @dataclass
 class NeighborList:
-    """A full neighbor list: every pair (i, j) within the cutoff appears in both orders,
-    each pair once in the first half and reversed (j, i, -shift) at the same place in the
-    second half.
+    """Every pair (i, j) within the cutoff once, in 32-bit integers: what a structure
+    keeps for the whole run (a quarter of a full list in 64 bits, which on dense
+    materials weighs some 20 times the structure itself). ``full()`` gives each pair in
+    both orders, the reversed pairs (j, i, -shift) after all the others, in the same
+    order.
 
     The vector from i to j is ``positions[j] - positions[i] + cell_shifts @ cell``.
     """
 
-    first: torch.Tensor  # [n_pairs] int64
-    second: torch.Tensor  # [n_pairs] int64
-    cell_shifts: torch.Tensor  # [n_pairs, 3] int64
+    first: torch.Tensor  # [n_unique_pairs] int32
+    second: torch.Tensor  # [n_unique_pairs] int32
+    cell_shifts: torch.Tensor  # [n_unique_pairs, 3] int32
+
+    @property
+    def n_pairs(self) -> int:
+        """Pairs of the full list, both orders counted."""
+        return 2 * int(self.first.shape[0])
+
+    def full(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(first, second, cell_shifts) of the full list, in 64-bit integers."""
+        return (
+            torch.cat([self.first, self.second]).long(),
+            torch.cat([self.second, self.first]).long(),
+            torch.cat([self.cell_shifts, -self.cell_shifts]).long(),
+        )
 
 
 @dataclass
