@@ -174,6 +174,15 @@ class LossOptions(Strict):
     """Threshold of the Huber loss, in the target's units (per atom for energy)."""
 
 
+class FinetuneOptions(Strict):
+    read_from: str
+    """Checkpoint (.ckpt) of an atomtrain training: training starts from its best model
+    (relative paths are relative to the options file)."""
+    method: Literal["full"] = "full"
+    """Which parameters are trained: "full", all of them (metatrain's name; the only
+    method)."""
+
+
 class TrainingOptions(Strict):
     batch_size: Annotated[int, Field(ge=1)] = 8
     """Structures per optimisation step, summed over all processes (the global batch;
@@ -210,6 +219,11 @@ class TrainingOptions(Strict):
     """Fixed per-element energies in eV ({atomic number: energy}); elements not
     listed are fitted by least squares on the training set. metatrain's form keyed by
     target ({energy: {1: -13.6}}) is accepted too."""
+    finetune: FinetuneOptions | None = None
+    """Start from a trained model instead of random weights: its architecture (model
+    section and atomic_types, recorded in this run's options.yaml), weights, per-element
+    baseline and scale; the optimizer and learning-rate schedule start anew on this
+    run's data. Model keys set here must agree with the checkpoint's."""
     best_model_metric: Literal["loss", "rmse_prod", "mae_prod"] = "loss"
     """How the best model (model.pt, best.ckpt) is picked from the validation errors:
     "loss", the errors weighed as the loss weighs them (stress as a virial per atom);
@@ -532,6 +546,9 @@ def _resolved(path: str, base: Path) -> str:
 
 
 def _resolve_paths(options: Options, base: Path) -> Options:
+    finetune = options.architecture.training.finetune
+    if finetune is not None:
+        finetune.read_from = _resolved(finetune.read_from, base)
     for section in (options.training_set, options.validation_set, options.test_set):
         for dataset in section if isinstance(section, list) else []:
             dataset.systems.read_from = _resolved(dataset.systems.read_from, base)

@@ -338,6 +338,77 @@ def test_atomic_types_build_networks_for_elements_the_training_set_lacks(tmp_pat
     assert "validation: E RMSE" in (run / "train.log").read_text()
 
 
+def finetune_options(directory, checkpoint, data, **training):
+    path = directory / "finetune.yaml"
+    options = {
+        "seed": 1,
+        "device": "cpu",
+        "base_precision": 64,
+        "architecture": {
+            "training": {
+                "num_epochs": 1,
+                "batch_size": 5,
+                "finetune": {"read_from": str(checkpoint)},
+                **training,
+            }
+        },
+        "training_set": str(data),
+        "validation_set": 0.2,
+    }
+    path.write_text(yaml.safe_dump(options))
+    return path
+
+
+def test_finetuning_starts_from_the_best_model_of_a_checkpoint(tmp_path, trained):
+    """With a learning rate of 1e-12 the fine-tuned model is the pretrained one: its
+    weights, baseline and scale, and its architecture recorded in options.yaml."""
+    _, run = trained
+    frames = ase.io.read(ETHANOL, ":20")
+    ase.io.write(tmp_path / "new.xyz", frames, format="extxyz")
+    options = finetune_options(tmp_path, run / "best.ckpt", "new.xyz", learning_rate=1e-12)
+    assert train(tmp_path, options) == 0
+    (finetuned,) = run_directories(tmp_path / "outputs")
+    record = yaml.safe_load((finetuned / "options.yaml").read_text())
+    assert record["architecture"]["model"]["soap"]["max_radial"] == 3  # not the default 7
+    assert record["architecture"]["atomic_types"] == [1, 6, 8]
+    assert "fine-tuning the best model of" in (finetuned / "train.log").read_text()
+    pretrained = checkpoint_weights(run / "best.ckpt")
+    weights = torch.load(finetuned / "last.ckpt", weights_only=True)["model_state"]
+    for name, value in pretrained.items():
+        torch.testing.assert_close(weights[name], value, rtol=0.0, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "case, fragments",
+    [
+        ("model key", ["'architecture.model.soap.max_radial' is 5", "has 3", "remove the key"]),
+        ("element", ["[7]", "the model fine-tuned from", "lacks (it knows [1, 6, 8])"]),
+        ("checkpoint", ["nowhere.ckpt: checkpoint not found"]),
+    ],
+)
+def test_finetuning_refuses_what_does_not_fit_the_model(tmp_path, trained, capsys, case, fragments):
+    _, run = trained
+    checkpoint = tmp_path / "nowhere.ckpt" if case == "checkpoint" else run / "best.ckpt"
+    data = ETHANOL
+    if case == "element":
+        data = tmp_path / "qm9.xyz"
+        frames = ase.io.read(RESOURCES / "qm9_reduced_100.xyz", ":10")
+        for atoms in frames:
+            atoms.info["energy"] = atoms.info["U0"]
+        ase.io.write(data, frames, format="extxyz")
+    options = finetune_options(tmp_path, checkpoint, data)
+    if case == "model key":
+        content = yaml.safe_load(options.read_text())
+        content["architecture"]["model"] = {"soap": {"max_radial": 5}}
+        options.write_text(yaml.safe_dump(content))
+    capsys.readouterr()
+    assert train(tmp_path, options) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("atomtrain: ") and len(error.splitlines()) == 1, error
+    for fragment in fragments:
+        assert fragment in error, (fragment, error)
+
+
 def test_the_options_file_metatrain_writes_trains(tmp_path):
     """metatrain's options_restart.yaml as is (full-size SOAP-BPNN, stress, the best
     model by metatrain's product of RMSEs), on 20 + 5 silicon cells."""

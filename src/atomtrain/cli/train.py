@@ -15,6 +15,7 @@ from ..distributed.launch import launch_workers
 from ..errors import AtomtrainError
 from ..options import load_options
 from ..training.checkpoint import load_checkpoint, newest_complete_checkpoint
+from ..training.finetune import adopt_pretrained
 from ..training.loop import Run, train
 from ..training.outputs import (
     LOGGER_NAME,
@@ -156,6 +157,7 @@ def decide_on_rank_0(context, decide):
 
 def run(arguments: argparse.Namespace) -> int:
     options = load_options(arguments.options, arguments.override)
+    pretrained = adopt_pretrained(options, str(arguments.options))
     if arguments.output is not None:
         check_output_path(arguments.output)
     launch = detect_launch(os.environ, arguments.nproc, options.distributed.port)
@@ -200,7 +202,10 @@ def run(arguments: argparse.Namespace) -> int:
             logger.info(f"seed {seed}")
             log_rank_map(context)
         run_state = Run(
-            directory=directory, restart_state=restart_state, output_path=arguments.output
+            directory=directory,
+            restart_state=restart_state,
+            output_path=arguments.output,
+            pretrained=pretrained,
         )
         train(options, context, run_state, seed)
         return 0

@@ -113,6 +113,13 @@ def load_datasets(options: Options, seed: int) -> Datasets:
     listed = options.architecture.atomic_types
     for name, structures in [("training_set", training), *others.items()]:
         missing = elements(structures) - (set(listed) if listed else elements(training))
+        finetune = options.architecture.training.finetune
+        if missing and finetune is not None:
+            raise DataError(
+                f"{name} contains atomic numbers {sorted(missing)} that the model "
+                f"fine-tuned from {finetune.read_from} lacks (it knows {listed}); "
+                "fine-tune on structures of those elements only"
+            )
         if missing and listed:
             raise DataError(
                 f"{name} contains atomic numbers {sorted(missing)} that "

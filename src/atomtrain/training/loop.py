@@ -47,6 +47,7 @@ class Run:
     directory: Path  # chosen by rank 0, known to all ranks
     restart_state: dict[str, Any] | None = None
     output_path: Path | None = None
+    pretrained: SoapBpnn | None = None  # the model to fine-tune, if any
 
 
 def build_model(options: Options, atomic_types: list[int]) -> SoapBpnn:
@@ -226,12 +227,21 @@ class Trainer:
         torch.manual_seed(seed)
         if state is not None:
             self.model = SoapBpnn(**state["hypers"])
+        elif run.pretrained is not None:
+            self.model = run.pretrained
         else:
             types = options.architecture.atomic_types or sorted(elements(training))
             self.model = build_model(options, types)
         self.model.set_precision(self.dtype)
         if state is not None:
             self.model.load_state_dict(state["model_state"])
+        elif run.pretrained is not None:
+            finetune = self.training_options.finetune
+            assert finetune is not None
+            logger.info(
+                f"fine-tuning the best model of {finetune.read_from} (all parameters); "
+                "its per-element energy baseline and target scale are kept"
+            )
         else:
             fit_baseline(self.model, training, options, context)
         self.model.to(context.device)

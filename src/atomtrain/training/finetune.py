@@ -1,0 +1,83 @@
+"""Fine-tuning: a run that starts from the best model of an earlier one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..errors import OptionsError
+from ..models.soap_bpnn import SoapBpnn
+from ..options import ModelOptions, Options
+from .checkpoint import load_checkpoint, model_from_checkpoint
+
+
+def model_options_of(hypers: dict[str, Any]) -> ModelOptions:
+    """The model section that builds a model with these hyperparameters."""
+    return ModelOptions.model_validate(
+        {
+            "soap": {
+                "cutoff": {"radius": hypers["cutoff"], "width": hypers["cutoff_width"]},
+                "max_radial": hypers["max_radial"],
+                "max_angular": hypers["max_angular"],
+            },
+            "bpnn": {
+                "num_hidden_layers": hypers["num_hidden_layers"],
+                "num_neurons_per_layer": hypers["num_neurons_per_layer"],
+                "layernorm": hypers["layernorm"],
+            },
+        }
+    )
+
+
+def keys_set(section: BaseModel, prefix: str) -> dict[str, Any]:
+    """The dotted keys the options file set in ``section`` (not their defaults)."""
+    found: dict[str, Any] = {}
+    for name in section.model_fields_set:
+        value = getattr(section, name)
+        if isinstance(value, BaseModel):
+            found.update(keys_set(value, f"{prefix}{name}."))
+        else:
+            found[f"{prefix}{name}"] = value
+    return found
+
+
+def value_at(section: BaseModel, dotted: str) -> Any:
+    value: Any = section
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def adopt_pretrained(options: Options, source: str) -> SoapBpnn | None:
+    """With architecture.training.finetune: the pretrained model, and ``options`` made to
+    describe it (model section, atomic_types), so that the run's record builds it again.
+    Keys the options file set to other values than the checkpoint's are refused."""
+    finetune = options.architecture.training.finetune
+    if finetune is None:
+        return None
+    state = load_checkpoint(finetune.read_from)
+    hypers = state["hypers"]
+    pretrained = model_options_of(hypers)
+    architecture = options.architecture
+    conflicts = [
+        (f"architecture.model.{key}", value, value_at(pretrained, key))
+        for key, value in keys_set(architecture.model, "").items()
+        if value != value_at(pretrained, key)
+    ]
+    if architecture.atomic_types not in (None, hypers["atomic_types"]):
+        conflicts.append(
+            ("architecture.atomic_types", architecture.atomic_types, hypers["atomic_types"])
+        )
+    if architecture.training.atomic_baseline:
+        conflicts.append(("architecture.training.atomic_baseline", "set", "its own"))
+    if conflicts:
+        key, value, theirs = conflicts[0]
+        raise OptionsError(
+            f"{source}: '{key}' is {value}, but the model fine-tuned from "
+            f"{finetune.read_from} has {theirs}; remove the key (fine-tuning keeps the "
+            "model's architecture and energy baseline)"
+        )
+    architecture.model = pretrained
+    architecture.atomic_types = list(hypers["atomic_types"])
+    return model_from_checkpoint(state, best=True)
