@@ -78,6 +78,26 @@ def read_section(section: list[DatasetOptions], require_energy: bool = True) -> 
     return [structure for dataset in section for structure in read_dataset(dataset, require_energy)]
 
 
+def known_elements(options: Options, training: list[Structure], sources: str) -> tuple[set, str]:
+    """The elements the model will know, and what to say of an element it does not."""
+    listed = options.architecture.atomic_types
+    finetune = options.architecture.training.finetune
+    if finetune is not None:
+        return set(listed or ()), (
+            f"that the model fine-tuned from {finetune.read_from} lacks (it knows {listed}); "
+            "fine-tune on structures of those elements only"
+        )
+    if listed:
+        return set(listed), (
+            f"that architecture.atomic_types {listed} lacks; add them to atomic_types or "
+            "leave it unset"
+        )
+    return elements(training), (
+        f"that the training set ({sources}) lacks; the model cannot predict them. Add such "
+        "structures to the training set, or list them in architecture.atomic_types"
+    )
+
+
 def load_datasets(options: Options, seed: int) -> Datasets:
     """Read the files, split off fractions of each training file (with ``seed`` plus the
     file's position in the list), check the result is usable."""
@@ -94,7 +114,7 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         record = dict(zip(parts, indices))
         for part, chosen in record.items():
             parts[part] += [structures[index] for index in chosen]
-        split.append({"file": options.training_set[position].systems.read_from, **record})
+        split.append({"file": dataset.systems.read_from, **record})
     training = parts["training"]
     if not training:
         raise DataError(
@@ -110,28 +130,11 @@ def load_datasets(options: Options, seed: int) -> Datasets:
             others[name] = read_section(value)
         else:
             others[name] = parts[part]
-    listed = options.architecture.atomic_types
+    known, lacking = known_elements(options, training, sources)
     for name, structures in [("training_set", training), *others.items()]:
-        missing = elements(structures) - (set(listed) if listed else elements(training))
-        finetune = options.architecture.training.finetune
-        if missing and finetune is not None:
-            raise DataError(
-                f"{name} contains atomic numbers {sorted(missing)} that the model "
-                f"fine-tuned from {finetune.read_from} lacks (it knows {listed}); "
-                "fine-tune on structures of those elements only"
-            )
-        if missing and listed:
-            raise DataError(
-                f"{name} contains atomic numbers {sorted(missing)} that "
-                f"architecture.atomic_types {listed} lacks; add them to atomic_types or "
-                "leave it unset"
-            )
+        missing = elements(structures) - known
         if missing:
-            raise DataError(
-                f"{name} contains atomic numbers {sorted(missing)} that the training set "
-                f"({sources}) lacks; the model cannot predict them. Add such structures "
-                "to the training set, or list them in architecture.atomic_types"
-            )
+            raise DataError(f"{name} contains atomic numbers {sorted(missing)} {lacking}")
     return Datasets(
         training=training,
         validation=others["validation_set"],
