@@ -314,6 +314,15 @@ def test_fractions_are_cut_from_each_training_file(tmp_path):
         assert (len(record["validation"]), len(record["test"])) == (size // 4, size // 8)
     log = (run / "train.log").read_text()
     assert "data: 25 training, 10 validation, 5 test structures" in log
+    # the final table has a row for each file's share of each set, and the set's
+    # squared errors are the files' added up
+    rows = {}
+    for line in log.splitlines():
+        for label in ("validation", "validation: first.xyz", "validation: second.xyz"):
+            if line.startswith(label + "  "):
+                rows[label] = float(line[len(label) :].split()[0])  # E/atom RMSE
+    whole, first, second = (rows[label] for label in sorted(rows))
+    assert whole**2 * 10 == pytest.approx(first**2 * 6 + second**2 * 4, rel=1e-3)
 
 
 def test_atomic_types_build_networks_for_elements_the_training_set_lacks(tmp_path):

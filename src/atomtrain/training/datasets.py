@@ -62,6 +62,9 @@ class Datasets:
     # indices into each training file, for the record: {part: indices} for one file,
     # [{file, part: indices}] for several
     split: dict[str, list[int]] | list[dict]
+    # each part's structures file by file ("training", "validation", "test"), for
+    # metrics per file
+    files: dict[str, list[tuple[str, list[Structure]]]]
 
 
 def elements(structures: list[Structure]) -> set[int]:
@@ -106,38 +109,46 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         value if isinstance(value, float) else 0.0
         for value in (options.validation_set, options.test_set)
     ]
-    parts: dict[str, list[Structure]] = {"training": [], "validation": [], "test": []}
+    files: dict[str, list[tuple[str, list[Structure]]]] = {
+        "training": [],
+        "validation": [],
+        "test": [],
+    }
     split: list[dict] = []
     for position, dataset in enumerate(options.training_set):
         structures = read_dataset(dataset)
         indices = split_indices(len(structures), fractions, seed + position)
-        record = dict(zip(parts, indices))
+        record = dict(zip(files, indices))
         for part, chosen in record.items():
-            parts[part] += [structures[index] for index in chosen]
+            files[part].append((dataset.systems.read_from, [structures[index] for index in chosen]))
         split.append({"file": dataset.systems.read_from, **record})
-    training = parts["training"]
-    if not training:
+    for part, section in (("validation", options.validation_set), ("test", options.test_set)):
+        if isinstance(section, list):
+            files[part] = [
+                (dataset.systems.read_from, read_dataset(dataset)) for dataset in section
+            ]
+    joined = {
+        part: [structure for _, structures in entries for structure in structures]
+        for part, entries in files.items()
+    }
+    if not joined["training"]:
         raise DataError(
             f"{sources}: no training structure is left after splitting off validation and "
             "test fractions; lower the fractions or add data"
         )
-    others = {}
-    for name, value, part in (
-        ("validation_set", options.validation_set, "validation"),
-        ("test_set", options.test_set, "test"),
+    known, lacking = known_elements(options, joined["training"], sources)
+    for name, part in (
+        ("training_set", "training"),
+        ("validation_set", "validation"),
+        ("test_set", "test"),
     ):
-        if isinstance(value, list):
-            others[name] = read_section(value)
-        else:
-            others[name] = parts[part]
-    known, lacking = known_elements(options, training, sources)
-    for name, structures in [("training_set", training), *others.items()]:
-        missing = elements(structures) - known
+        missing = elements(joined[part]) - known
         if missing:
             raise DataError(f"{name} contains atomic numbers {sorted(missing)} {lacking}")
     return Datasets(
-        training=training,
-        validation=others["validation_set"],
-        test=others["test_set"],
-        split={part: split[0][part] for part in parts} if len(split) == 1 else split,
+        training=joined["training"],
+        validation=joined["validation"],
+        test=joined["test"],
+        split={part: split[0][part] for part in files} if len(split) == 1 else split,
+        files=files,
     )

@@ -472,11 +472,16 @@ class Trainer:
         """Evaluate the best model on every set, log the table, export, plot."""
         context = self.context
         self.model.load_state_dict(self.best_state)
-        parts = {
-            "train": self.datasets.training,
-            "validation": self.datasets.validation,
-            "test": self.datasets.test,
-        }
+        parts = {}
+        for label, part in (("train", "training"), ("validation", "validation"), ("test", "test")):
+            parts[label] = getattr(self.datasets, part)
+            files = self.datasets.files[part]
+            if len(files) > 1:  # and each file's share, as metatrain reports them
+                parts.update(
+                    (f"{label}: {Path(path).name}", structures)
+                    for path, structures in files
+                    if structures
+                )
         sums = reduce_together(context, [self.evaluate(s) for s in parts.values()])
         results = {name: finalize(values) for name, values in zip(parts, sums)}
         logger.info(f"best model: epoch {self.best_epoch}")
