@@ -194,11 +194,15 @@ def test_eval_of_several_files_in_one_description(tmp_path, trained, capsys):
     )
     model = str(run / "model.pt")
     assert main(["eval", model, str(description), "-o", str(tmp_path / "both.xyz")]) == 0
-    both = printed_metrics(capsys.readouterr().out, "both.yaml")
+    output = capsys.readouterr().out
+    both = printed_metrics(output, "both.yaml")
     assert main(["eval", model, str(ETHANOL), "-o", str(tmp_path / "one.xyz")]) == 0
     one = printed_metrics(capsys.readouterr().out, "ethanol_40.xyz")
     assert len(ase.io.read(tmp_path / "both.xyz", ":")) == 40
     assert both == pytest.approx(one, abs=1e-3)
+    # each file's row: the whole set's squared errors are theirs added up
+    first, second = (printed_metrics(output, f"  {name}") for name in ("first", "second"))
+    assert both[0] ** 2 * 40 == pytest.approx(first[0] ** 2 * 24 + second[0] ** 2 * 16, rel=1e-3)
 
 
 def test_export_command(tmp_path, trained):

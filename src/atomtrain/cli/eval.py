@@ -13,12 +13,11 @@ import yaml
 from ase.calculators.singlepoint import SinglePointCalculator
 
 from ..data.system import Structure
-from ..distributed import single_process
 from ..errors import OptionsError
 from ..io import atomic_write
 from ..models.export import load_exported
 from ..options import DatasetOptions
-from ..training.datasets import read_section
+from ..training.datasets import read_dataset
 from ..training.evaluation import local_batches, predict
 from ..training.loop import metrics_table
 from ..training.metrics import MetricSums, finalize
@@ -104,40 +103,57 @@ def parity_plot(path: Path, pairs: dict[str, tuple[list[float], list[float]]]) -
     plt.close(figure)
 
 
-def run(arguments: argparse.Namespace) -> int:
-    setup_logging(0, None)
-    check_output_path(arguments.output)
-    model = load_exported(arguments.model)
-    dtype = next(model.parameters()).dtype
-    structures = read_section(dataset_options(arguments.data), require_energy=False)
-    forces = True
+def predict_all(
+    model: torch.nn.Module, structures: list[Structure], batch_size: int, dtype: torch.dtype
+) -> tuple[list[dict], torch.Tensor]:
+    """Predictions for each structure (stress for the periodic ones), and the error sums."""
     stress = any(structure.pbc.all() for structure in structures)
-    context = single_process(torch.device("cpu"))
-    sums = MetricSums(context.device)
+    sums = MetricSums()
     predictions: list[dict] = []
     indices = list(range(len(structures)))
-    batches = local_batches(structures, indices, arguments.batch_size, model.cutoff)
-    for chunk, batch in batches:
-        batch = batch.to(context.device, dtype)
+    for chunk, batch in local_batches(structures, indices, batch_size, model.cutoff):
+        batch = batch.to("cpu", dtype)
         # Every batch has its own shape: the TorchScript profiling executor's warm-up
         # and re-specialisation cost more than they gain here (measured).
         with torch.jit.optimized_execution(False):
-            predicted = predict(model, batch, forces, stress)
+            predicted = predict(model, batch, True, stress)
         sums.accumulate(predicted, batch)
         offsets = torch.cumsum(batch.n_atoms, 0) - batch.n_atoms
-        for position, _ in enumerate(chunk):
+        for position, index in enumerate(chunk):
             start, count = int(offsets[position]), int(batch.n_atoms[position])
             entry = {
                 "energy": float(predicted["energy"][position].detach()),
                 "forces": predicted["forces"][start : start + count].detach().double().numpy(),
             }
-            if stress and structures[chunk[position]].pbc.all():
+            if structures[index].pbc.all():
                 entry["stress"] = predicted["stress"][position].detach().double().numpy()
             predictions.append(entry)
+    return predictions, sums.values
+
+
+def run(arguments: argparse.Namespace) -> int:
+    setup_logging(0, None)
+    check_output_path(arguments.output)
+    model = load_exported(arguments.model)
+    dtype = next(model.parameters()).dtype
+    files = [
+        (dataset.systems.read_from, read_dataset(dataset, require_energy=False))
+        for dataset in dataset_options(arguments.data)
+    ]
+    structures = [structure for _, part in files for structure in part]
+    predictions: list[dict] = []
+    total = MetricSums().values
+    per_file: dict[str, dict[str, float]] = {}
+    for path, part in files:
+        part_predictions, sums = predict_all(model, part, arguments.batch_size, dtype)
+        predictions += part_predictions
+        total += sums  # error sums add up: the whole set's metrics are exact
+        per_file[f"  {Path(path).name}"] = finalize(sums)
     write_predictions(arguments.output, structures, predictions)
-    metrics = finalize(sums.values)
+    metrics = finalize(total)
     if metrics:
-        logger.info(metrics_table({arguments.data.name: metrics}))
+        table = {arguments.data.name: metrics, **(per_file if len(files) > 1 else {})}
+        logger.info(metrics_table(table))
         pairs = parity_pairs(structures, predictions)
         parity_plot(arguments.output.with_suffix(".png"), pairs)
     logger.info(f"wrote predictions for {len(structures)} structures to {arguments.output}")

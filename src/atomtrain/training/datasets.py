@@ -75,12 +75,6 @@ def elements(structures: list[Structure]) -> set[int]:
     return found
 
 
-def read_section(section: list[DatasetOptions], require_energy: bool = True) -> list[Structure]:
-    """The structures of every file of a data set section, in order. Files may give
-    different targets (forces, stress): each is learnt where it is known."""
-    return [structure for dataset in section for structure in read_dataset(dataset, require_energy)]
-
-
 def known_elements(options: Options, training: list[Structure], sources: str) -> tuple[set, str]:
     """The elements the model will know, and what to say of an element it does not."""
     listed = options.architecture.atomic_types
