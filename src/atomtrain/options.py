@@ -176,8 +176,9 @@ class LossOptions(Strict):
 
 class FinetuneOptions(Strict):
     read_from: str
-    """Checkpoint (.ckpt) of an atomtrain training: training starts from its best model
-    (relative paths are relative to the options file)."""
+    """Checkpoint (.ckpt) of an atomtrain training, whose best model training starts
+    from, or a model exported by atomtrain (model.pt); relative paths are relative to the
+    options file."""
     method: Literal["full"] = "full"
     """Which parameters are trained: "full", all of them (metatrain's name; the only
     method)."""

@@ -372,13 +372,15 @@ def finetune_options(directory, checkpoint, data, **training):
     return path
 
 
-def test_finetuning_starts_from_the_best_model_of_a_checkpoint(tmp_path, trained):
-    """With a learning rate of 1e-12 the fine-tuned model is the pretrained one: its
-    weights, baseline and scale, and its architecture recorded in options.yaml."""
+@pytest.mark.parametrize("start", ["best.ckpt", "model.pt"])
+def test_finetuning_starts_from_the_best_model_of_a_run(tmp_path, trained, start):
+    """With a learning rate of 1e-12 the fine-tuned model is the pretrained one (from
+    the checkpoint or the exported model): its weights, baseline and scale, and its
+    architecture recorded in options.yaml."""
     _, run = trained
     frames = ase.io.read(ETHANOL, ":20")
     ase.io.write(tmp_path / "new.xyz", frames, format="extxyz")
-    options = finetune_options(tmp_path, run / "best.ckpt", "new.xyz", learning_rate=1e-12)
+    options = finetune_options(tmp_path, run / start, "new.xyz", learning_rate=1e-12)
     assert train(tmp_path, options) == 0
     (finetuned,) = run_directories(tmp_path / "outputs")
     record = yaml.safe_load((finetuned / "options.yaml").read_text())

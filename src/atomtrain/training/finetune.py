@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from ..errors import OptionsError
+from ..errors import AtomtrainError, OptionsError
+from ..models.export import HYPERS_FILE, load_exported
 from ..models.soap_bpnn import SoapBpnn
 from ..options import ModelOptions, Options
 from .checkpoint import load_checkpoint, model_from_checkpoint
+
+
+def pretrained_model(path: str) -> SoapBpnn:
+    """The model to fine-tune: a checkpoint's best model (.ckpt), or an exported model
+    with the hyperparameters that export stores beside its code."""
+    if Path(path).suffix == ".ckpt":
+        return model_from_checkpoint(load_checkpoint(path), best=True)
+    extra = {HYPERS_FILE: ""}
+    exported = load_exported(path, extra=extra)
+    if not extra[HYPERS_FILE]:
+        raise AtomtrainError(
+            f"{path}: this exported model does not hold its hyperparameters (an older "
+            "atomtrain exported it); fine-tune from the checkpoint of its run (best.ckpt)"
+        )
+    model = SoapBpnn(**json.loads(extra[HYPERS_FILE]))
+    model.set_precision(next(exported.parameters()).dtype)
+    # TorchScript's state_dict also holds the buffers the model does not save (derived)
+    saved = model.state_dict()
+    model.load_state_dict(
+        {name: value for name, value in exported.state_dict().items() if name in saved}
+    )
+    return model
 
 
 def model_options_of(hypers: dict[str, Any]) -> ModelOptions:
@@ -56,8 +81,8 @@ def adopt_pretrained(options: Options, source: str) -> SoapBpnn | None:
     finetune = options.architecture.training.finetune
     if finetune is None:
         return None
-    state = load_checkpoint(finetune.read_from)
-    hypers = state["hypers"]
+    model = pretrained_model(finetune.read_from)
+    hypers = model.hypers
     pretrained = model_options_of(hypers)
     architecture = options.architecture
     conflicts = [
@@ -80,4 +105,4 @@ def adopt_pretrained(options: Options, source: str) -> SoapBpnn | None:
         )
     architecture.model = pretrained
     architecture.atomic_types = list(hypers["atomic_types"])
-    return model_from_checkpoint(state, best=True)
+    return model
