@@ -14,6 +14,7 @@ import yaml
 
 from atomtrain.cli.main import main
 from atomtrain.data import read_structures
+from atomtrain.models.export import load_exported
 
 from conftest import RESOURCES
 from helpers import checkpoint_weights, run_directories, write_options
@@ -345,7 +346,7 @@ def test_atomic_types_build_networks_for_elements_the_training_set_lacks(tmp_pat
     )
     assert train(tmp_path, options) == 0
     (run,) = run_directories(tmp_path / "outputs")
-    model = torch.jit.load(run / "model.pt")
+    model = load_exported(run / "model.pt")
     assert list(model.atomic_types) == [1, 6, 7, 8]
     assert model.baseline[2].item() == 0.0 and model.baseline[0].item() != 0.0
     assert "validation: E RMSE" in (run / "train.log").read_text()
