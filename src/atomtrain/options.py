@@ -326,8 +326,9 @@ class ArchitectureOptions(Strict):
 
 class SystemsOptions(Strict):
     read_from: str
-    """Extended XYZ file with the structures (relative paths are relative to the
-    options file)."""
+    """File with the structures: extended XYZ, or any format ASE reads with energies and
+    forces (trajectory, database, VASP output, ...), told apart by ASE from its name and
+    content. Relative paths are relative to the options file."""
     length_unit: str = "angstrom"
     """Unit of positions and cell: angstrom, bohr or nm."""
     reader: Literal["ase"] | None = None

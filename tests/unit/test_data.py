@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ase.io
 import ase.units
 import numpy as np
 import pytest
@@ -166,3 +167,21 @@ def test_missing_file(tmp_path):
 def test_energy_only_data_has_no_forces():
     structures = read_structures(RESOURCES / "qm9_reduced_100.xyz", TargetKeys(energy="U0"))
     assert all(structure.forces is None for structure in structures)
+
+
+@pytest.mark.parametrize("suffix", [".traj", ".json", ".txt"])
+def test_other_formats_ase_reads_give_the_same_structures(tmp_path, suffix):
+    """ASE trajectories and databases (energies and forces as calculator results) read
+    like the extended XYZ they came from; a file ASE cannot place is read as extended
+    XYZ, as before."""
+    source = RESOURCES / "ethanol_40.xyz"
+    path = tmp_path / f"data{suffix}"
+    frames = ase.io.read(source, ":5")
+    ase.io.write(path, frames, format="extxyz" if suffix == ".txt" else None)
+    expected = read_structures(source)[:5]
+    structures = read_structures(path)
+    assert len(structures) == 5
+    for read, reference in zip(structures, expected):
+        assert read.energy == pytest.approx(reference.energy, rel=1e-12)
+        assert torch.allclose(read.forces, reference.forces)
+        assert torch.allclose(read.positions, reference.positions)

@@ -1,4 +1,5 @@
-"""Reading extended XYZ files through ASE, with configurable keys and units."""
+"""Reading structures through ASE (extended XYZ, or any format ASE reads with energies
+and forces: trajectories, databases, VASP output, ...), with configurable keys and units."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import ase
 import ase.io
+import ase.io.formats
 import ase.units
 import numpy as np
 import torch
@@ -90,14 +92,27 @@ def _to_matrix(stress: np.ndarray) -> np.ndarray | None:
     return None
 
 
+def file_format(path: Path) -> str:
+    """The format ASE recognises ``path`` by (name and content: an ASE trajectory or
+    database, VASP output, ...), extended XYZ when it recognises none it can read."""
+    try:
+        name = ase.io.formats.filetype(str(path), read=True, guess=True)
+    except Exception:  # ASE raises several types for files it cannot place
+        return "extxyz"
+    known = ase.io.formats.ioformats.get(name)
+    return name if known is not None and known.can_read else "extxyz"
+
+
 def _read_frames(path: Path) -> list[ase.Atoms]:
     if not path.exists():
         raise DataError(f"{path}: data file not found; check the path in the options")
+    kind = file_format(path)
     try:
-        frames = ase.io.read(path, index=":", format="extxyz")
+        frames = ase.io.read(path, index=":", format=kind)
     except Exception as error:  # ASE raises many types for malformed files
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise DataError(f"{path}: cannot read as extended XYZ ({message})") from error
+        described = "extended XYZ" if kind == "extxyz" else f"ASE format '{kind}'"
+        raise DataError(f"{path}: cannot read as {described} ({message})") from error
     if not frames:
         raise DataError(f"{path}: the file holds no structure")
     return frames
