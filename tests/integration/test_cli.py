@@ -144,6 +144,16 @@ def test_eval_metrics_match_an_independent_computation(tmp_path, trained, capsys
         assert values[label] == pytest.approx(value, abs=1e-4), label
 
 
+def test_eval_of_a_checkpoint_is_the_eval_of_its_exported_best_model(tmp_path, trained, capsys):
+    _, run = trained
+    capsys.readouterr()
+    assert main(["eval", str(run / "best.ckpt"), str(ETHANOL), "-o", str(tmp_path / "a.xyz")]) == 0
+    from_checkpoint = printed_metrics(capsys.readouterr().out, "ethanol_40.xyz")
+    assert main(["eval", str(run / "model.pt"), str(ETHANOL), "-o", str(tmp_path / "b.xyz")]) == 0
+    exported = printed_metrics(capsys.readouterr().out, "ethanol_40.xyz")
+    assert from_checkpoint == pytest.approx(exported, rel=1e-6)
+
+
 def test_eval_accepts_metatrain_yaml(tmp_path, trained):
     _, run = trained
     description = tmp_path / "eval.yaml"

@@ -17,6 +17,7 @@ from ..errors import OptionsError
 from ..io import atomic_write
 from ..models.export import load_exported
 from ..options import DatasetOptions
+from ..training.checkpoint import best_model
 from ..training.datasets import read_dataset
 from ..training.evaluation import local_batches, predict
 from ..training.loop import metrics_table
@@ -30,14 +31,17 @@ logger = logging.getLogger(LOGGER_NAME)
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "eval",
-        help="evaluate an exported model on a data set",
-        description="Predict energies, forces and stress of an exported model on DATA (an "
-        "extended XYZ file, or a YAML file with systems and targets as in metatrain's eval), "
+        help="evaluate a model on a data set",
+        description="Predict energies, forces and stress of an exported model (or of the "
+        "best model of a checkpoint) on DATA (an extended XYZ file or another format ASE "
+        "reads, or a YAML file with systems and targets as in metatrain's eval), "
         "print RMSE and MAE where the data has reference values, and write the predictions "
         "as extended XYZ with a parity plot beside them.",
     )
-    parser.add_argument("model", type=Path, help="exported model file (model.pt)")
-    parser.add_argument("data", type=Path, help="extended XYZ file or YAML data description")
+    parser.add_argument(
+        "model", type=Path, help="exported model (model.pt) or checkpoint (best model of a .ckpt)"
+    )
+    parser.add_argument("data", type=Path, help="data file or YAML data description")
     parser.add_argument(
         "-o",
         "--output",
@@ -134,7 +138,10 @@ def predict_all(
 def run(arguments: argparse.Namespace) -> int:
     setup_logging(0, None)
     check_output_path(arguments.output)
-    model = load_exported(arguments.model)
+    if arguments.model.suffix == ".ckpt":
+        model = best_model(arguments.model)
+    else:
+        model = load_exported(arguments.model)
     dtype = next(model.parameters()).dtype
     files = [
         (dataset.systems.read_from, read_dataset(dataset, require_energy=False))

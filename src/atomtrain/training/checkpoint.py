@@ -68,6 +68,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def best_model(path: str | Path) -> SoapBpnn:
+    """The best model of the checkpoint at ``path``."""
+    return model_from_checkpoint(load_checkpoint(path), best=True)
+
+
 def model_from_checkpoint(state: dict[str, Any], best: bool = True) -> SoapBpnn:
     """The model a checkpoint holds: the best one by default, else the latest."""
     model = SoapBpnn(**state["hypers"]).set_precision(getattr(torch, state["dtype"]))

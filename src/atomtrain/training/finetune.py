@@ -12,14 +12,14 @@ from ..errors import AtomtrainError, OptionsError
 from ..models.export import HYPERS_FILE, load_exported
 from ..models.soap_bpnn import SoapBpnn
 from ..options import ModelOptions, Options
-from .checkpoint import load_checkpoint, model_from_checkpoint
+from .checkpoint import best_model
 
 
 def pretrained_model(path: str) -> SoapBpnn:
     """The model to fine-tune: a checkpoint's best model (.ckpt), or an exported model
     with the hyperparameters that export stores beside its code."""
     if Path(path).suffix == ".ckpt":
-        return model_from_checkpoint(load_checkpoint(path), best=True)
+        return best_model(path)
     extra = {HYPERS_FILE: ""}
     exported = load_exported(path, extra=extra)
     if not extra[HYPERS_FILE]:
