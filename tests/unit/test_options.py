@@ -10,6 +10,7 @@ import yaml
 
 from atomtrain.errors import OptionsError
 from atomtrain.options import load_options, parse_options
+from atomtrain.training.datasets import file_labels
 
 from conftest import RESOURCES, ROOT
 
@@ -237,3 +238,9 @@ def test_atomic_types_are_distinct_sorted_atomic_numbers():
     assert parse_options({"training_set": "a.xyz"}).architecture.atomic_types is None
     with pytest.raises(OptionsError, match="'architecture.atomic_types.0'.*greater than or eq"):
         parse_options({"training_set": "a.xyz", "architecture": {"atomic_types": [0]}})
+
+
+def test_files_in_a_metrics_table_get_distinct_labels():
+    assert file_labels(["/a/x.xyz", "/b/y.xyz"]) == ["x.xyz", "y.xyz"]
+    assert file_labels(["/a/x.xyz", "/b/x.xyz"]) == ["/a/x.xyz", "/b/x.xyz"]
+    assert file_labels(["/a/x.xyz", "/a/x.xyz"]) == ["/a/x.xyz (1)", "/a/x.xyz (2)"]

@@ -18,7 +18,7 @@ from ..io import atomic_write
 from ..models.export import load_exported
 from ..options import DatasetOptions
 from ..training.checkpoint import best_model
-from ..training.datasets import read_dataset
+from ..training.datasets import file_labels, read_dataset
 from ..training.evaluation import local_batches, predict
 from ..training.loop import metrics_table
 from ..training.metrics import MetricSums, finalize
@@ -151,11 +151,11 @@ def run(arguments: argparse.Namespace) -> int:
     predictions: list[dict] = []
     total = MetricSums().values
     per_file: dict[str, dict[str, float]] = {}
-    for path, part in files:
+    for name, (_, part) in zip(file_labels([path for path, _ in files]), files):
         part_predictions, sums = predict_all(model, part, arguments.batch_size, dtype)
         predictions += part_predictions
         total += sums  # error sums add up: the whole set's metrics are exact
-        per_file[f"  {Path(path).name}"] = finalize(sums)
+        per_file[f"  {name}"] = finalize(sums)
     write_predictions(arguments.output, structures, predictions)
     metrics = finalize(total)
     if metrics:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..data.extxyz import TargetKeys, Units, read_structures
 from ..data.split import split_indices
@@ -73,6 +74,17 @@ def elements(structures: list[Structure]) -> set[int]:
     for structure in structures:
         found.update(structure.atomic_numbers.unique().tolist())
     return found
+
+
+def file_labels(paths: list[str]) -> list[str]:
+    """Names for files in a table of metrics: their names, their paths where names repeat,
+    numbered where the same file is listed twice."""
+    labels = [Path(path).name for path in paths]
+    if len(set(labels)) < len(labels):
+        labels = list(paths)
+    if len(set(labels)) < len(labels):
+        labels = [f"{label} ({position + 1})" for position, label in enumerate(labels)]
+    return labels
 
 
 def known_elements(options: Options, training: list[Structure], sources: str) -> tuple[set, str]:

@@ -29,7 +29,7 @@ from ..models.export import export
 from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
 from ..options import Options, TrainingOptions, expanded
 from .checkpoint import save_checkpoint
-from .datasets import Datasets, elements, load_datasets
+from .datasets import Datasets, elements, file_labels, load_datasets
 from .evaluation import metric_sums, predict
 from .losses import GlobalCounts, batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
@@ -477,9 +477,10 @@ class Trainer:
             parts[label] = getattr(self.datasets, part)
             files = self.datasets.files[part]
             if len(files) > 1:  # and each file's share, as metatrain reports them
+                names = file_labels([path for path, _ in files])
                 parts.update(
-                    (f"{label}: {Path(path).name}", structures)
-                    for path, structures in files
+                    (f"{label}: {name}", structures)
+                    for name, (_, structures) in zip(names, files)
                     if structures
                 )
         sums = reduce_together(context, [self.evaluate(s) for s in parts.values()])
