@@ -338,6 +338,15 @@ def test_fractions_are_cut_from_each_training_file(tmp_path):
                 rows[label] = float(line[len(label) :].split()[0])  # E/atom RMSE
     whole, first, second = (rows[label] for label in sorted(rows))
     assert whole**2 * 10 == pytest.approx(first**2 * 6 + second**2 * 4, rel=1e-3)
+    # and train.csv has each file's validation errors at every logged epoch
+    with (run / "train.csv").open() as stream:
+        (row,) = list(csv.DictReader(stream))
+    whole, first, second = (
+        float(row[f"validation_{share}energy_per_atom_rmse"])
+        for share in ("", "first.xyz_", "second.xyz_")
+    )
+    assert whole**2 * 10 == pytest.approx(first**2 * 6 + second**2 * 4, rel=1e-12)
+    assert "validation_second.xyz_forces_rmse" in row
 
 
 def test_atomic_types_build_networks_for_elements_the_training_set_lacks(tmp_path):

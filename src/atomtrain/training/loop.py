@@ -140,6 +140,16 @@ def batch_plan(
     return BatchPlan(len(training), options.batch_size, seed, packed)
 
 
+def labelled_files(
+    files: list[tuple[str, list[Structure]]],
+) -> list[tuple[str, list[Structure]]]:
+    """A set's non-empty shares by file, labelled for tables, when it has several files."""
+    if len(files) < 2:
+        return []
+    labels = file_labels([path for path, _ in files])
+    return [(label, structures) for label, (_, structures) in zip(labels, files) if structures]
+
+
 def targets_given(structures: list[Structure]) -> tuple[int, int]:
     """How many structures have forces, and how many a stress."""
     return (
@@ -211,6 +221,7 @@ class Trainer:
         self.dtype = torch.float64 if options.base_precision == 64 else torch.float32
         self.datasets: Datasets = load_datasets(options, seed)
         training = self.datasets.training
+        self.validation_files = labelled_files(self.datasets.files["validation"])
         with_forces, with_stress = targets_given(training)
         self.forces, self.stress = with_forces > 0, with_stress > 0
         logger.info(
@@ -368,6 +379,14 @@ class Trainer:
     def check_consistency(self) -> None:
         check_same_parameters(self.context, self.model, self.global_step)
 
+    def evaluate_validation(self) -> list[torch.Tensor]:
+        """This rank's error sums on the validation set and, when it comes from several
+        files, on each file's share: one pass, the whole being the shares added up."""
+        if not self.validation_files:
+            return [self.evaluate(self.datasets.validation)]
+        shares = [self.evaluate(structures) for _, structures in self.validation_files]
+        return [torch.stack(shares).sum(0), *shares]
+
     def evaluate(self, structures: list[Structure]) -> torch.Tensor:
         return metric_sums(
             self.model,
@@ -421,12 +440,15 @@ class Trainer:
             train_values = self.train_epoch(epoch, start_step)
             completed = epoch + 1
             if completed % options.log_interval == 0 or completed == options.num_epochs:
-                validation_values = self.evaluate(self.datasets.validation)
-                train_sums, validation_sums = reduce_together(
-                    context, [train_values, validation_values]
+                train_sums, validation_sums, *file_sums = reduce_together(
+                    context, [train_values, *self.evaluate_validation()]
                 )
                 train_metrics = finalize(train_sums)
                 validation_metrics = finalize(validation_sums)
+                file_metrics = {
+                    label: finalize(sums)
+                    for (label, _), sums in zip(self.validation_files, file_sums)
+                }
                 train_loss = float(train_sums[SUM_NAMES.index("loss")]) / self.steps_per_epoch
                 chosen = validation_metrics if self.datasets.validation else train_metrics
                 metric = selection_metric(chosen, self.options)
@@ -441,6 +463,7 @@ class Trainer:
                     train_loss,
                     train_metrics,
                     validation_metrics,
+                    file_metrics,
                     time.perf_counter() - epoch_time,
                 )
                 epoch_time = time.perf_counter()
@@ -451,7 +474,9 @@ class Trainer:
                     save_checkpoint(directory / f"epoch_{completed}.ckpt", state)
         return self.finish()
 
-    def log_epoch(self, epoch, train_loss, train_metrics, validation_metrics, seconds):
+    def log_epoch(
+        self, epoch, train_loss, train_metrics, validation_metrics, file_metrics, seconds
+    ):
         learning_rate = self.optimizer.param_groups[0]["lr"]
         logger.info(
             f"epoch {epoch}/{self.training_options.num_epochs} | lr {learning_rate:.3e} | "
@@ -466,6 +491,11 @@ class Trainer:
             }
             row.update({f"train_{name}": value for name, value in train_metrics.items()})
             row.update({f"validation_{name}": value for name, value in validation_metrics.items()})
+            row.update(
+                (f"validation_{label}_{name}", value)
+                for label, metrics in file_metrics.items()
+                for name, value in metrics.items()
+            )
             append_csv(self.run.directory / "train.csv", row)
 
     def finish(self) -> dict[str, dict[str, float]]:
@@ -475,14 +505,9 @@ class Trainer:
         parts = {}
         for label, part in (("train", "training"), ("validation", "validation"), ("test", "test")):
             parts[label] = getattr(self.datasets, part)
-            files = self.datasets.files[part]
-            if len(files) > 1:  # and each file's share, as metatrain reports them
-                names = file_labels([path for path, _ in files])
-                parts.update(
-                    (f"{label}: {name}", structures)
-                    for name, (_, structures) in zip(names, files)
-                    if structures
-                )
+            # and each file's share, as metatrain reports them
+            for name, structures in labelled_files(self.datasets.files[part]):
+                parts[f"{label}: {name}"] = structures
         sums = reduce_together(context, [self.evaluate(s) for s in parts.values()])
         results = {name: finalize(values) for name, values in zip(parts, sums)}
         logger.info(f"best model: epoch {self.best_epoch}")

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from ..io import atomic_write
+from .metrics import METRICS
 
 LOGGER_NAME = "atomtrain"
 
@@ -114,7 +115,8 @@ def plot_learning_curves(csv_path: Path, png_path: Path) -> None:
         for name in rows[0]
         if name.endswith("_rmse") and "per_atom" not in name or name.endswith("per_atom_rmse")
     ]
-    targets = sorted({name.split("_", 1)[1] for name in names if "_" in name})
+    # the whole sets' curves (not each file's share, which train.csv also holds)
+    targets = sorted({name.split("_", 1)[1] for name in names if "_" in name} & set(METRICS))
     figure, axes = plt.subplots(1, max(len(targets), 1), figsize=(4.5 * max(len(targets), 1), 3.5))
     axes = axes if hasattr(axes, "__len__") else [axes]
     for axis, target in zip(axes, targets):
