@@ -229,6 +229,26 @@ def test_export_command(tmp_path, trained):
     assert atoms.get_potential_energy() == pytest.approx(reference.get_potential_energy())
 
 
+def test_check_reads_everything_says_what_the_run_would_do_and_trains_nothing(tmp_path, capsys):
+    options = write_options(tmp_path, ETHANOL, architecture__training__batch_size=4)
+    outputs = ["--outputs", str(tmp_path / "outputs")]
+    assert main(["train", str(options), "--check", "--nproc", "2", *outputs]) == 0
+    said = capsys.readouterr().out
+    assert "data: 28 training, 8 validation, 4 test structures; targets: energy, forces" in said
+    assert "model: SOAP-BPNN" in said and "elements [1, 6, 8]" in said
+    assert "7 steps per epoch, 3 epochs; 2 process(es) (spawn) on cpu" in said
+    assert not (tmp_path / "outputs").exists()
+    # a data error shows up in the check, as one line
+    bad = write_options(
+        tmp_path,
+        ETHANOL,
+        training_set={"systems": str(ETHANOL), "targets": {"energy": {"key": "U0"}}},
+    )
+    assert main(["train", str(bad), "--check", *outputs]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "no energy under key 'U0'" in error, error
+
+
 def test_energy_only_data_trains(tmp_path):
     options = write_options(
         tmp_path,

@@ -9,14 +9,28 @@ import os
 import random
 from pathlib import Path
 
+import torch
+
+from ..distributed import single_process
 from ..distributed.context import check_gpus_per_host, device_type, initialize
-from ..distributed.env import detect_launch
+from ..distributed.env import LaunchInfo, detect_launch
 from ..distributed.launch import launch_workers
 from ..errors import AtomtrainError
-from ..options import load_options
+from ..models.soap_bpnn import SoapBpnn
+from ..options import Options, load_options
 from ..training.checkpoint import load_checkpoint, newest_complete_checkpoint
+from ..training.datasets import load_datasets
 from ..training.finetune import adopt_pretrained
-from ..training.loop import Run, train
+from ..training.loop import (
+    Run,
+    batch_plan,
+    build_model,
+    describe_data,
+    describe_model,
+    model_elements,
+    train,
+    training_dtype,
+)
 from ..training.outputs import (
     LOGGER_NAME,
     close_logging,
@@ -67,6 +81,12 @@ def add_parser(commands) -> None:
         type=Path,
         default=Path("outputs"),
         help="directory holding the runs (default: outputs)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="read the options and every data file, say what the run would do (data, "
+        "model, steps, processes) and exit without training: a check before queueing a job",
     )
     parser.add_argument(
         "--run-dir",
@@ -155,6 +175,26 @@ def decide_on_rank_0(context, decide):
     return value
 
 
+def check_only(options: Options, launch: LaunchInfo, pretrained: SoapBpnn | None) -> int:
+    """Everything a run reads and checks before training, then what it would do."""
+    setup_logging(0, None)
+    seed = options.seed if options.seed is not None else 0
+    datasets = load_datasets(options, seed)
+    training_options = options.architecture.training
+    model = pretrained or build_model(options, model_elements(options, datasets.training))
+    plan = batch_plan(
+        datasets.training, training_options, seed, single_process(torch.device("cpu"))
+    )
+    logger.info(describe_data(datasets))
+    logger.info(describe_model(model, training_dtype(options)))
+    logger.info(
+        f"{plan.steps_per_epoch} steps per epoch, {training_options.num_epochs} epochs; "
+        f"{launch.world_size} process(es) ({launch.kind}) on {device_type(options.device)}"
+    )
+    logger.info("options and data are usable; nothing was trained (--check)")
+    return 0
+
+
 def run(arguments: argparse.Namespace) -> int:
     options = load_options(arguments.options, arguments.override)
     pretrained = adopt_pretrained(options, str(arguments.options))
@@ -169,6 +209,8 @@ def run(arguments: argparse.Namespace) -> int:
             f"{batch_size} (the global batch): each process needs at least one structure "
             "per step; raise batch_size or use fewer processes"
         )
+    if arguments.check:
+        return check_only(options, launch, pretrained)
     if launch.kind == "spawn":
         if device_type(options.device) == "cuda":
             check_gpus_per_host(launch.world_size)  # once here rather than in every worker

@@ -50,6 +50,15 @@ class Run:
     pretrained: SoapBpnn | None = None  # the model to fine-tune, if any
 
 
+def training_dtype(options: Options) -> torch.dtype:
+    return torch.float64 if options.base_precision == 64 else torch.float32
+
+
+def model_elements(options: Options, training: list[Structure]) -> list[int]:
+    """The elements a new model is built for: atomic_types, else the training set's."""
+    return options.architecture.atomic_types or sorted(elements(training))
+
+
 def build_model(options: Options, atomic_types: list[int]) -> SoapBpnn:
     model_options = options.architecture.model
     return SoapBpnn(
@@ -158,6 +167,25 @@ def targets_given(structures: list[Structure]) -> tuple[int, int]:
     )
 
 
+def describe_data(datasets: Datasets) -> str:
+    training = datasets.training
+    with_forces, with_stress = targets_given(training)
+    return (
+        f"data: {len(training)} training, {len(datasets.validation)} validation, "
+        f"{len(datasets.test)} test structures; targets: energy"
+        + describe_share("forces", with_forces, len(training))
+        + describe_share("stress", with_stress, len(training))
+    )
+
+
+def describe_model(model: SoapBpnn, dtype: torch.dtype) -> str:
+    n_parameters = sum(parameter.numel() for parameter in model.parameters())
+    return (
+        f"model: SOAP-BPNN, {model.soap.n_features} features, {n_parameters} parameters, "
+        f"elements {model.atomic_types}, {dtype}"
+    )
+
+
 def describe_share(target: str, given: int, total: int) -> str:
     if given == 0:
         return ""
@@ -218,18 +246,13 @@ class Trainer:
         self.seed = seed
         self.training_options = options.architecture.training
         self.loss_options = self.training_options.loss
-        self.dtype = torch.float64 if options.base_precision == 64 else torch.float32
+        self.dtype = training_dtype(options)
         self.datasets: Datasets = load_datasets(options, seed)
         training = self.datasets.training
         self.validation_files = labelled_files(self.datasets.files["validation"])
         with_forces, with_stress = targets_given(training)
         self.forces, self.stress = with_forces > 0, with_stress > 0
-        logger.info(
-            f"data: {len(training)} training, {len(self.datasets.validation)} validation, "
-            f"{len(self.datasets.test)} test structures; targets: energy"
-            + describe_share("forces", with_forces, len(training))
-            + describe_share("stress", with_stress, len(training))
-        )
+        logger.info(describe_data(self.datasets))
         state = run.restart_state
         if context.is_main and state is None:
             record = expanded(options)
@@ -241,8 +264,7 @@ class Trainer:
         elif run.pretrained is not None:
             self.model = run.pretrained
         else:
-            types = options.architecture.atomic_types or sorted(elements(training))
-            self.model = build_model(options, types)
+            self.model = build_model(options, model_elements(options, training))
         self.model.set_precision(self.dtype)
         if state is not None:
             self.model.load_state_dict(state["model_state"])
@@ -289,11 +311,7 @@ class Trainer:
             self.best_state = state["best_model_state"]
             where = f", step {self.start_step}" if self.start_step else ""
             logger.info(f"resuming after epoch {self.start_epoch}{where}")
-        n_parameters = sum(parameter.numel() for parameter in self.model.parameters())
-        logger.info(
-            f"model: SOAP-BPNN, {self.model.soap.n_features} features, "
-            f"{n_parameters} parameters, elements {self.model.atomic_types}, {self.dtype}"
-        )
+        logger.info(describe_model(self.model, self.dtype))
 
     # one epoch ---------------------------------------------------------------------
     def train_epoch(self, epoch: int, start_step: int = 0) -> torch.Tensor:
