@@ -110,13 +110,12 @@ def plot_learning_curves(csv_path: Path, png_path: Path) -> None:
     if not rows:
         return
     epochs = [int(row["epoch"]) for row in rows]
-    names = [
-        name
-        for name in rows[0]
-        if name.endswith("_rmse") and "per_atom" not in name or name.endswith("per_atom_rmse")
-    ]
-    # the whole sets' curves (not each file's share, which train.csv also holds)
-    targets = sorted({name.split("_", 1)[1] for name in names if "_" in name} & set(METRICS))
+    # the whole sets' RMSE curves (not each file's share, which train.csv also holds)
+    targets = sorted(
+        target
+        for target in METRICS
+        if target.endswith("_rmse") and {f"train_{target}", f"validation_{target}"} & set(rows[0])
+    )
     figure, axes = plt.subplots(1, max(len(targets), 1), figsize=(4.5 * max(len(targets), 1), 3.5))
     axes = axes if hasattr(axes, "__len__") else [axes]
     for axis, target in zip(axes, targets):
