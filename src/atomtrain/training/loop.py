@@ -260,15 +260,10 @@ class Trainer:
             write_run_record(run.directory, record, self.datasets.split)
         torch.manual_seed(seed)
         if state is not None:
-            self.model = SoapBpnn(**state["hypers"])
-        elif run.pretrained is not None:
-            self.model = run.pretrained
-        else:
-            self.model = build_model(options, model_elements(options, training))
-        self.model.set_precision(self.dtype)
-        if state is not None:
+            self.model = SoapBpnn(**state["hypers"]).set_precision(self.dtype)
             self.model.load_state_dict(state["model_state"])
         elif run.pretrained is not None:
+            self.model = run.pretrained.set_precision(self.dtype)
             finetune = self.training_options.finetune
             assert finetune is not None
             logger.info(
@@ -276,6 +271,8 @@ class Trainer:
                 "its per-element energy baseline and target scale are kept"
             )
         else:
+            model = build_model(options, model_elements(options, training))
+            self.model = model.set_precision(self.dtype)
             fit_baseline(self.model, training, options, context)
         self.model.to(context.device)
         context.broadcast_parameters(self.model)
