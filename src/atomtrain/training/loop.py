@@ -394,13 +394,16 @@ class Trainer:
     def check_consistency(self) -> None:
         check_same_parameters(self.context, self.model, self.global_step)
 
-    def evaluate_validation(self) -> list[torch.Tensor]:
-        """This rank's error sums on the validation set and, when it comes from several
-        files, on each file's share: one pass, the whole being the shares added up."""
-        if not self.validation_files:
-            return [self.evaluate(self.datasets.validation)]
-        shares = [self.evaluate(structures) for _, structures in self.validation_files]
-        return [torch.stack(shares).sum(0), *shares]
+    def evaluate_with_shares(
+        self, structures: list[Structure], shares: list[tuple[str, list[Structure]]]
+    ) -> list[torch.Tensor]:
+        """This rank's error sums on ``structures`` and, when they come from several files,
+        on each file's share (``labelled_files``): one pass, the whole being the shares
+        added up."""
+        if not shares:
+            return [self.evaluate(structures)]
+        values = [self.evaluate(share) for _, share in shares]
+        return [torch.stack(values).sum(0), *values]
 
     def evaluate(self, structures: list[Structure]) -> torch.Tensor:
         return metric_sums(
@@ -455,8 +458,11 @@ class Trainer:
             train_values = self.train_epoch(epoch, start_step)
             completed = epoch + 1
             if completed % options.log_interval == 0 or completed == options.num_epochs:
+                validation_values = self.evaluate_with_shares(
+                    self.datasets.validation, self.validation_files
+                )
                 train_sums, validation_sums, *file_sums = reduce_together(
-                    context, [train_values, *self.evaluate_validation()]
+                    context, [train_values, *validation_values]
                 )
                 train_metrics = finalize(train_sums)
                 validation_metrics = finalize(validation_sums)
@@ -517,14 +523,15 @@ class Trainer:
         """Evaluate the best model on every set, log the table, export, plot."""
         context = self.context
         self.model.load_state_dict(self.best_state)
-        parts = {}
+        names: list[str] = []
+        local: list[torch.Tensor] = []
         for label, part in (("train", "training"), ("validation", "validation"), ("test", "test")):
-            parts[label] = getattr(self.datasets, part)
-            # and each file's share, as metatrain reports them
-            for name, structures in labelled_files(self.datasets.files[part]):
-                parts[f"{label}: {name}"] = structures
-        sums = reduce_together(context, [self.evaluate(s) for s in parts.values()])
-        results = {name: finalize(values) for name, values in zip(parts, sums)}
+            # each set, and each file's share of it, as metatrain reports them
+            shares = labelled_files(self.datasets.files[part])
+            names += [label, *(f"{label}: {name}" for name, _ in shares)]
+            local += self.evaluate_with_shares(getattr(self.datasets, part), shares)
+        sums = reduce_together(context, local)
+        results = {name: finalize(values) for name, values in zip(names, sums)}
         logger.info(f"best model: epoch {self.best_epoch}")
         logger.info(metrics_table(results))
         if context.is_main:
