@@ -11,6 +11,7 @@ import yaml
 from atomtrain.errors import OptionsError
 from atomtrain.options import load_options, parse_options
 from atomtrain.training.datasets import file_labels
+from atomtrain.training.loop import build_model, model_options_of
 
 from conftest import RESOURCES, ROOT
 
@@ -244,3 +245,16 @@ def test_files_in_a_metrics_table_get_distinct_labels():
     assert file_labels(["/a/x.xyz", "/b/y.xyz"]) == ["x.xyz", "y.xyz"]
     assert file_labels(["/a/x.xyz", "/b/x.xyz"]) == ["/a/x.xyz", "/b/x.xyz"]
     assert file_labels(["/a/x.xyz", "/a/x.xyz"]) == ["/a/x.xyz (1)", "/a/x.xyz (2)"]
+
+
+def test_the_model_section_of_a_models_hyperparameters_builds_that_model():
+    """model_options_of, which fine-tuning records, is the inverse of build_model."""
+    model_section = {
+        "soap": {"cutoff": {"radius": 4.0, "width": 0.3}, "max_radial": 3, "max_angular": 2},
+        "bpnn": {"num_hidden_layers": 1, "num_neurons_per_layer": 16, "layernorm": False},
+    }
+    options = parse_options({"training_set": "a.xyz", "architecture": {"model": model_section}})
+    model = build_model(options, [1, 8])
+    options.architecture.model = model_options_of(model.hypers)
+    assert options.architecture.model.model_dump(include={"soap", "bpnn"}) == model_section
+    assert build_model(options, [1, 8]).hypers == model.hypers

@@ -11,8 +11,9 @@ from pydantic import BaseModel
 from ..errors import AtomtrainError, OptionsError
 from ..models.export import HYPERS_FILE, load_exported
 from ..models.soap_bpnn import SoapBpnn
-from ..options import ModelOptions, Options
+from ..options import Options
 from .checkpoint import best_model
+from .loop import model_options_of
 
 
 def pretrained_model(path: str) -> SoapBpnn:
@@ -35,24 +36,6 @@ def pretrained_model(path: str) -> SoapBpnn:
         {name: value for name, value in exported.state_dict().items() if name in saved}
     )
     return model
-
-
-def model_options_of(hypers: dict[str, Any]) -> ModelOptions:
-    """The model section that builds a model with these hyperparameters."""
-    return ModelOptions.model_validate(
-        {
-            "soap": {
-                "cutoff": {"radius": hypers["cutoff"], "width": hypers["cutoff_width"]},
-                "max_radial": hypers["max_radial"],
-                "max_angular": hypers["max_angular"],
-            },
-            "bpnn": {
-                "num_hidden_layers": hypers["num_hidden_layers"],
-                "num_neurons_per_layer": hypers["num_neurons_per_layer"],
-                "layernorm": hypers["layernorm"],
-            },
-        }
-    )
 
 
 def keys_set(section: BaseModel, prefix: str) -> dict[str, Any]:

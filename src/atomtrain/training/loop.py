@@ -27,7 +27,7 @@ from ..errors import DataError
 from ..models.composition import composition_counts, normal_equation_sums, solve_baseline
 from ..models.export import export
 from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
-from ..options import Options, TrainingOptions, expanded
+from ..options import ModelOptions, Options, TrainingOptions, expanded
 from .checkpoint import save_checkpoint
 from .datasets import Datasets, elements, file_labels, load_datasets
 from .evaluation import metric_sums, predict
@@ -70,6 +70,25 @@ def build_model(options: Options, atomic_types: list[int]) -> SoapBpnn:
         num_hidden_layers=model_options.bpnn.num_hidden_layers,
         num_neurons_per_layer=model_options.bpnn.num_neurons_per_layer,
         layernorm=model_options.bpnn.layernorm,
+    )
+
+
+def model_options_of(hypers: dict[str, Any]) -> ModelOptions:
+    """The model section that builds a model with these hyperparameters: the inverse
+    of build_model, for a run that starts from a trained model."""
+    return ModelOptions.model_validate(
+        {
+            "soap": {
+                "cutoff": {"radius": hypers["cutoff"], "width": hypers["cutoff_width"]},
+                "max_radial": hypers["max_radial"],
+                "max_angular": hypers["max_angular"],
+            },
+            "bpnn": {
+                "num_hidden_layers": hypers["num_hidden_layers"],
+                "num_neurons_per_layer": hypers["num_neurons_per_layer"],
+                "layernorm": hypers["layernorm"],
+            },
+        }
     )
 
 
