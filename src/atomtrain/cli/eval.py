@@ -18,7 +18,7 @@ from ..io import atomic_write
 from ..models.export import load_exported
 from ..options import DatasetOptions
 from ..training.checkpoint import best_model
-from ..training.datasets import file_labels, read_dataset
+from ..training.datasets import file_labels, read_files
 from ..training.evaluation import local_batches, predict
 from ..training.loop import metrics_table
 from ..training.metrics import MetricSums, finalize
@@ -143,10 +143,7 @@ def run(arguments: argparse.Namespace) -> int:
     else:
         model = load_exported(arguments.model)
     dtype = next(model.parameters()).dtype
-    files = [
-        (dataset.systems.read_from, read_dataset(dataset, require_energy=False))
-        for dataset in dataset_options(arguments.data)
-    ]
+    files = read_files(dataset_options(arguments.data), require_energy=False)
     structures = [structure for _, part in files for structure in part]
     predictions: list[dict] = []
     total = MetricSums().values

@@ -76,6 +76,15 @@ def elements(structures: list[Structure]) -> set[int]:
     return found
 
 
+def read_files(
+    section: list[DatasetOptions], require_energy: bool = True
+) -> list[tuple[str, list[Structure]]]:
+    """Each file of a data set section with its structures, in order."""
+    return [
+        (dataset.systems.read_from, read_dataset(dataset, require_energy)) for dataset in section
+    ]
+
+
 def file_labels(paths: list[str]) -> list[str]:
     """Names for files in a table of metrics: their names, their paths where names repeat,
     numbered where the same file is listed twice."""
@@ -130,9 +139,7 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         split.append({"file": dataset.systems.read_from, **record})
     for part, section in (("validation", options.validation_set), ("test", options.test_set)):
         if isinstance(section, list):
-            files[part] = [
-                (dataset.systems.read_from, read_dataset(dataset)) for dataset in section
-            ]
+            files[part] = read_files(section)
     joined = {
         part: [structure for _, structures in entries for structure in structures]
         for part, entries in files.items()
