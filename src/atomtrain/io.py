@@ -2,21 +2,132 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
+
+from .errors import AtomtrainError
+
+# Fault injection for the tests: "NAME:K" stalls the K-th write of a file called NAME
+# (1 when K is left out) after its first bytes, leaving NAME.stalled beside it, so that a
+# test can kill the process at a known point inside a write.
+STALL_VARIABLE = "ATOMTRAIN_TEST_STALL_WRITE"
+STALL_AFTER_BYTES = 4096
+_writes_seen: dict[str, int] = {}
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Call ``write`` on a temporary file in the same directory, then rename it to
-    ``path``. A crash leaves the previous file (if any) untouched."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
+class OutputError(AtomtrainError):
+    """An output cannot be written: the disk is full, or the directory is not writable."""
+
+
+def process_umask() -> int:
+    """This process's umask, read without changing it (Linux), else set and restored."""
     try:
-        write(Path(temporary))
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+class _StallingFile:
+    """A file that stops, as a process killed mid-write would, after its first bytes."""
+
+    def __init__(self, stream: IO[Any], marker: Path):
+        self.stream = stream
+        self.marker = marker
+        self.written = 0
+
+    def write(self, data) -> int:
+        count = self.stream.write(data)
+        self.written += count
+        if self.written >= STALL_AFTER_BYTES:
+            self.stream.flush()
+            self.marker.write_text(str(os.getpid()))
+            while True:  # until the test kills this process
+                time.sleep(1)
+        return count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _stall_here(path: Path) -> bool:
+    wanted = os.environ.get(STALL_VARIABLE)
+    if not wanted:
+        return False
+    name, _, occurrence = wanted.partition(":")
+    if name != path.name:
+        return False
+    _writes_seen[name] = _writes_seen.get(name, 0) + 1
+    return _writes_seen[name] == int(occurrence or 1)
+
+
+def _disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def atomic_write(
+    path: str | Path,
+    write: Callable[[IO[Any]], None],
+    binary: bool = True,
+    what: str = "file",
+) -> None:
+    """Call ``write`` on an open temporary file in the same directory, then rename it to
+    ``path`` with the permissions the umask gives new files. A crash leaves the previous
+    file (if any) untouched and no temporary behind; a full disk or an unwritable
+    directory is an OutputError naming ``path`` as ``what`` (checkpoint, model, ...)."""
+    path = Path(path)
+    try:
+        handle, temporary = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+        )
+    except OSError as error:
+        raise output_error(path, what, error) from error
+    try:
+        with os.fdopen(handle, "wb" if binary else "w") as stream:
+            if _stall_here(path):
+                write(_StallingFile(stream, path.with_name(path.name + ".stalled")))
+            else:
+                write(stream)
+        # mkstemp creates 0600 files: give the file the mode any new file would get
+        os.chmod(temporary, 0o666 & ~process_umask())
         os.replace(temporary, path)
+    except OSError as error:
+        raise output_error(path, what, error) from error
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def output_error(path: Path, what: str, error: OSError) -> OutputError:
+    if _disk_full(error):
+        return OutputError(
+            f"no space left on device while writing {what} {path}; free some space (the "
+            "previous version of the file, if any, is intact)"
+        )
+    return OutputError(
+        f"cannot write {what} {path} ({error.strerror or error}); check that its directory "
+        "exists and is writable"
+    )
+
+
+def check_writable_directory(directory: Path, what: str) -> None:
+    """Fail before any work when ``directory`` (or the nearest existing parent it would
+    be created in) cannot be written to."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"{what} {directory}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(
+            f"{what} {directory}: {existing} is not writable; choose a directory you can write to"
+        )

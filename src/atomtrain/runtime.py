@@ -6,6 +6,11 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 # mallopt parameters, from glibc's malloc.h
 M_TRIM_THRESHOLD = -1
@@ -52,3 +57,131 @@ def keep_freed_memory(environment: dict[str, str] | None = None) -> bool:
     return bool(libc.mallopt(M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD)) and bool(
         libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)
     )
+
+
+def read_core_ticks(cores: set[int], stat_text: str | None = None) -> int | None:
+    """Busy clock ticks (all but idle and iowait; steal counted as busy) of ``cores``
+    since boot, from /proc/stat; None where it cannot be read."""
+    try:
+        text = stat_text if stat_text is not None else Path("/proc/stat").read_text()
+    except OSError:
+        return None
+    busy = 0
+    for line in text.splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cores:
+            continue
+        ticks = [int(value) for value in fields]
+        busy += sum(ticks) - ticks[3] - ticks[4] - sum(ticks[8:])  # guest time is in user
+    return busy
+
+
+def read_own_ticks(stat_text: str | None = None) -> int | None:
+    """This process's user and system clock ticks, all threads, from /proc/self/stat."""
+    try:
+        text = stat_text if stat_text is not None else Path("/proc/self/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # the name may hold spaces
+    return int(fields[11]) + int(fields[12])
+
+
+@dataclass
+class ThreadDecision:
+    threads: int
+    message: str | None  # for the log, when the decision changed
+
+
+class BusyCores:
+    """Trains with fewer threads while other processes use this process's cores.
+
+    Measured (docs/performance.md, "A busy machine"): beside another job, torch's
+    OpenMP threads spin at every parallel region waiting for a thread whose core the
+    other job holds, and training took 2x (another torch job) to 3.4x (busy loops) the
+    time of one thread. One thread never waits for another; on an idle machine several
+    threads are up to 1.7x faster. So every ``interval`` seconds ``poll`` compares the
+    busy time of this process's cores with its own CPU time: the difference is what
+    other processes used, and each core they fill takes a thread away (at least one
+    stays); the threads come back when they leave. A thread count the user set with
+    OMP_NUM_THREADS is kept, with a note that the machine is busy.
+    """
+
+    def __init__(
+        self,
+        cores: set[int],
+        threads: int,
+        user_fixed: bool,
+        interval: float = 1.0,
+        clock=time.monotonic,
+        core_ticks=read_core_ticks,
+        own_ticks=read_own_ticks,
+    ):
+        self.cores = cores
+        self.full_threads = threads
+        self.threads = threads
+        self.user_fixed = user_fixed
+        self.interval = interval
+        self.clock = clock
+        self.core_ticks = core_ticks
+        self.own_ticks = own_ticks
+        self.ticks_per_second = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.warned = False
+        self.last = self.sample()
+
+    @classmethod
+    def for_this_process(cls) -> BusyCores:
+        cores = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+        return cls(cores, torch.get_num_threads(), "OMP_NUM_THREADS" in os.environ)
+
+    def sample(self) -> tuple[float, int | None, int | None]:
+        return self.clock(), self.core_ticks(self.cores), self.own_ticks()
+
+    def others(self) -> float | None:
+        """Cores' worth of time other processes used since the last measurement, or None
+        when it is not time to measure (or /proc cannot be read)."""
+        now = self.clock()
+        if now - self.last[0] < self.interval:
+            return None
+        current = self.sample()
+        (then, cores_then, own_then), (_, cores_now, own_now) = self.last, current
+        self.last = current
+        if None in (cores_then, own_then, cores_now, own_now):
+            return None
+        used = (cores_now - cores_then) - (own_now - own_then)  # type: ignore[operator]
+        return max(0.0, used / self.ticks_per_second / (now - then))
+
+    def poll(self) -> ThreadDecision | None:
+        """A new thread count when the others' use of the cores changed it, else None."""
+        others = self.others()
+        if others is None or self.full_threads <= 1 and self.user_fixed:
+            return None
+        busy_cores = int(others + 0.5)
+        if self.user_fixed:
+            if busy_cores and not self.warned:
+                self.warned = True
+                return ThreadDecision(self.threads, self.busy_note(others, fixed=True))
+            return None
+        wanted = max(1, min(self.full_threads, len(self.cores) - busy_cores))
+        if wanted == self.threads:
+            return None
+        self.threads = wanted
+        torch.set_num_threads(wanted)
+        if wanted < self.full_threads:
+            return ThreadDecision(wanted, self.busy_note(others, fixed=False))
+        return ThreadDecision(
+            wanted, f"the other work on this process's cores has ended: back to {wanted} threads"
+        )
+
+    def busy_note(self, others: float, fixed: bool) -> str:
+        where = f"{others:.1f} of the {len(self.cores)} core(s) this process runs on"
+        if fixed:
+            return (
+                f"the machine is busy: other processes use {where}, and OMP_NUM_THREADS="
+                f"{self.threads} threads wait for each other's cores (measured up to 3x "
+                "slower); unset OMP_NUM_THREADS to let atomtrain adapt, or set it to 1"
+            )
+        return (
+            f"the machine is busy: other processes use {where}; training with {self.threads} "
+            f"thread(s) instead of {self.full_threads} while they run (threads waiting for "
+            "a busy core were measured up to 3x slower); OMP_NUM_THREADS fixes the number"
+        )

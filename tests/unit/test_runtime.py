@@ -27,3 +27,82 @@ def test_glibc_accepts_the_settings():
 )
 def test_the_users_allocator_settings_are_kept(environment):
     assert not keep_freed_memory(environment)
+
+
+class FakeMachine:
+    """A clock and tick counters that tests advance by hand (100 ticks per second)."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.core_busy = 0
+        self.own = 0
+
+    def run(self, seconds: float, own_cores: float, other_cores: float) -> None:
+        self.now += seconds
+        self.own += int(100 * seconds * own_cores)
+        self.core_busy += int(100 * seconds * (own_cores + other_cores))
+
+
+def watcher(machine: FakeMachine, threads: int = 2, user_fixed: bool = False):
+    from atomtrain.runtime import BusyCores
+
+    busy = BusyCores(
+        {0, 1},
+        threads,
+        user_fixed,
+        clock=lambda: machine.now,
+        core_ticks=lambda cores: machine.core_busy,
+        own_ticks=lambda: machine.own,
+    )
+    busy.ticks_per_second = 100
+    return busy
+
+
+def test_busy_cores_take_threads_away_and_give_them_back(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    calls: list[int] = []
+    machine = FakeMachine()
+    busy = watcher(machine)
+    machine.run(0.5, own_cores=2.0, other_cores=0.0)
+    assert busy.poll() is None  # not yet time to measure
+    machine.run(0.6, own_cores=2.0, other_cores=0.0)
+    assert busy.poll() is None  # idle: nothing changes
+    machine.run(1.5, own_cores=1.0, other_cores=1.0)
+    decision = busy.poll()
+    assert decision.threads == 1 and calls == [1]
+    assert "machine is busy" in decision.message and "1.0 of the 2 core(s)" in decision.message
+    machine.run(1.5, own_cores=0.7, other_cores=1.3)
+    assert busy.poll() is None  # still busy, still one thread
+    machine.run(1.5, own_cores=2.0, other_cores=0.1)
+    decision = busy.poll()
+    assert decision.threads == 2 and calls == [1, 2] and "back to 2 threads" in decision.message
+
+
+def test_busy_cores_keep_the_users_thread_count_and_say_so_once(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: pytest.fail("threads changed"))
+    machine = FakeMachine()
+    busy = watcher(machine, user_fixed=True)
+    machine.run(1.5, own_cores=1.0, other_cores=1.0)
+    decision = busy.poll()
+    assert decision.threads == 2 and "unset OMP_NUM_THREADS" in decision.message
+    machine.run(1.5, own_cores=1.0, other_cores=1.0)
+    assert busy.poll() is None
+
+
+def test_core_ticks_read_from_proc_stat_format():
+    from atomtrain.runtime import read_core_ticks, read_own_ticks
+
+    stat = (
+        "cpu  30 0 10 100 5 0 0 2 0 0\n"
+        "cpu0 10 0 5 50 5 0 0 1 0 0\n"
+        "cpu1 20 0 5 50 0 0 0 1 0 0\n"
+        "intr 1 2 3\n"
+    )
+    assert read_core_ticks({0}, stat) == 16  # user + system + steal, not idle or iowait
+    assert read_core_ticks({0, 1}, stat) == 42
+    own = "123 (python (x) y) S 1 2 3 4 5 6 7 8 9 10 17 4 0 0"
+    assert read_own_ticks(own) == 21

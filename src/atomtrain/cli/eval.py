@@ -17,6 +17,7 @@ from ..errors import OptionsError
 from ..io import atomic_write
 from ..models.export import load_exported
 from ..options import DatasetOptions
+from ..runtime import BusyCores
 from ..training.checkpoint import best_model
 from ..training.datasets import file_labels, read_files
 from ..training.evaluation import local_batches, predict
@@ -85,7 +86,12 @@ def write_predictions(path: Path, structures: list[Structure], predictions: list
         )
         atoms.calc = SinglePointCalculator(atoms, **predicted)
         frames.append(atoms)
-    atomic_write(path, lambda temporary: ase.io.write(temporary, frames, format="extxyz"))
+    atomic_write(
+        path,
+        lambda stream: ase.io.write(stream, frames, format="extxyz"),
+        binary=False,
+        what="predictions",
+    )
 
 
 def parity_plot(path: Path, pairs: dict[str, tuple[list[float], list[float]]]) -> None:
@@ -113,6 +119,7 @@ def predict_all(
     """Predictions for each structure (stress for the periodic ones), and the error sums."""
     stress = any(structure.pbc.all() for structure in structures)
     sums = MetricSums()
+    busy_cores = BusyCores.for_this_process()
     predictions: list[dict] = []
     indices = list(range(len(structures)))
     for chunk, batch in local_batches(structures, indices, batch_size, model.cutoff):
@@ -122,6 +129,9 @@ def predict_all(
         with torch.jit.optimized_execution(False):
             predicted = predict(model, batch, True, stress)
         sums.accumulate(predicted, batch)
+        decision = busy_cores.poll()
+        if decision is not None and decision.message:
+            logger.warning(decision.message.replace("training", "evaluating"))
         offsets = torch.cumsum(batch.n_atoms, 0) - batch.n_atoms
         for position, index in enumerate(chunk):
             start, count = int(offsets[position]), int(batch.n_atoms[position])

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DistributedError
+from ..runtime import BusyCores
 from .env import LaunchInfo, hostname
 from .event_loop import EventLoopPriority, process_threads
 from .faults import (
@@ -43,6 +44,7 @@ class Context:
     hosts: list[str] = field(default_factory=list)  # host of each rank
     notes: list[str] = field(default_factory=list)  # for the log, once it is open
     event_loop: EventLoopPriority | None = None  # gloo's, kept out of the way of compute
+    busy_cores: BusyCores | None = None  # fewer threads while other jobs use the cores
 
     @property
     def is_main(self) -> bool:
@@ -359,6 +361,8 @@ def place_process(context: Context) -> str | None:
         bind_process(cores)
     threads, note = threads_for(len(cores), os.environ.get("OMP_NUM_THREADS"))
     torch.set_num_threads(threads)
+    if context.device.type == "cpu":  # GPU steps wait for kernels, not for CPU threads
+        context.busy_cores = BusyCores(cores, threads, "OMP_NUM_THREADS" in os.environ)
     return note
 
 

@@ -31,7 +31,9 @@ def export(model: torch.nn.Module, path: str | Path) -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         scripted = torch.jit.script(exported)
     extra = {HYPERS_FILE: json.dumps(getattr(model, "hypers", {}))}
-    atomic_write(path, lambda temporary: scripted.save(str(temporary), _extra_files=extra))
+    atomic_write(
+        path, lambda stream: torch.jit.save(scripted, stream, _extra_files=extra), what="model"
+    )
 
 
 def load_exported(

@@ -19,13 +19,9 @@ FORMAT = "atomtrain-checkpoint-3"
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write atomically: a crash mid-write never leaves a corrupt ``path``."""
-    try:
-        atomic_write(path, lambda temporary: torch.save({"format": FORMAT, **state}, temporary))
-    except OSError as error:
-        raise AtomtrainError(
-            f"{path}: cannot write checkpoint ({error.strerror or error}); check free disk "
-            "space and permissions"
-        ) from error
+    atomic_write(
+        path, lambda stream: torch.save({"format": FORMAT, **state}, stream), what="checkpoint"
+    )
 
 
 def newest_complete_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | None:

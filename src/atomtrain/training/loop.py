@@ -381,6 +381,7 @@ class Trainer:
             self.global_step += 1
             sums.accumulate(predictions, batch, loss)
             progress.update()
+            self.adapt_threads()
             every = self.options.distributed.check_consistency_every
             if every and self.global_step % every == 0:
                 self.check_consistency()
@@ -389,6 +390,13 @@ class Trainer:
                 self.stop_here(epoch, step + 1, sums)
         progress.close()
         return sums.values
+
+    def adapt_threads(self) -> None:
+        """Fewer threads while other processes use this rank's cores (see BusyCores)."""
+        busy_cores = self.context.busy_cores
+        decision = busy_cores.poll() if busy_cores is not None else None
+        if decision is not None and decision.message:
+            logger.warning(decision.message)
 
     def step_flags(self, loss: torch.Tensor) -> torch.Tensor:
         """(this rank was asked to stop, this rank's loss is not finite) as numbers; summed

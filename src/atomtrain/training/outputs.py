@@ -20,11 +20,13 @@ def write_run_record(directory: Path, options: dict, split: dict[str, list[int]]
     """The fully expanded options (enough to repeat the run) and the split indices."""
     atomic_write(
         directory / "options.yaml",
-        lambda path: path.write_text(yaml.safe_dump(options, sort_keys=False)),
+        lambda stream: yaml.safe_dump(options, stream, sort_keys=False),
+        binary=False,
     )
     atomic_write(
         directory / "split.yaml",
-        lambda path: path.write_text(yaml.safe_dump(split, default_flow_style=None)),
+        lambda stream: yaml.safe_dump(split, stream, default_flow_style=None),
+        binary=False,
     )
 
 
