@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from .errors import OptionsError
+from .units import unit_problem
 
 
 class Strict(BaseModel):
@@ -331,6 +332,15 @@ class SystemsOptions(Strict):
     content. Relative paths are relative to the options file."""
     length_unit: str = "angstrom"
     """Unit of positions and cell: angstrom, bohr or nm."""
+
+    @field_validator("length_unit")
+    @classmethod
+    def _known_length_unit(cls, value: str) -> str:
+        problem = unit_problem(value, "length")
+        if problem:
+            raise ValueError(problem)
+        return value
+
     reader: Literal["ase"] | None = None
     """Reader library (only ASE is supported; accepted for metatrain compatibility)."""
 
@@ -376,6 +386,14 @@ class EnergyTargetOptions(Strict):
     """metatrain's number of sub-targets (one energy)."""
     description: str = ""
     """metatrain's free-text description of the target."""
+
+    @field_validator("unit")
+    @classmethod
+    def _known_energy_unit(cls, value: str) -> str:
+        problem = unit_problem(value, "energy")
+        if problem:
+            raise ValueError(problem)
+        return value
 
     def file_holders(self) -> list[EnergyTargetOptions | GradientOptions]:
         """This target and its gradients given as mappings: those that may name a file
@@ -488,7 +506,9 @@ def _model_at(model: type[BaseModel], location: tuple) -> type[BaseModel] | None
     return current
 
 
-def _describe(error: dict, source: str, data: dict) -> str:
+def _describe(
+    error: dict, source: str, data: dict, overrides: list[str] = (), within: str = ""
+) -> str:
     location = tuple(part for part in error["loc"] if not (isinstance(part, str) and "[" in part))
     if (
         len(location) > 1
@@ -508,6 +528,14 @@ def _describe(error: dict, source: str, data: dict) -> str:
         and not (isinstance(part, str) and "-" in part)
     )
     dotted = ".".join(str(part) for part in location)
+    if within and location and location[0] == within:  # keys as the file spells them
+        shown = ".".join(str(part) for part in location[1:]) or within
+    else:
+        shown = dotted
+    for override in overrides:  # a value given on the command line: blame that
+        key = override.split("=", 1)[0].strip()
+        if dotted == key or dotted.startswith(key + "."):
+            source = f"-r {override} (over {source})"
     if error["type"] == "extra_forbidden":
         parent = _model_at(Options, location[:-1])
         hint = ""
@@ -517,11 +545,11 @@ def _describe(error: dict, source: str, data: dict) -> str:
                 hint = f" (did you mean '{close[0]}'?)"
             else:
                 hint = f"; known keys here: {', '.join(parent.model_fields)}"
-        return f"{source}: unknown key '{dotted}'{hint}"
+        return f"{source}: unknown key '{shown}'{hint}"
     if error["type"] == "missing":
-        return f"{source}: missing required key '{dotted}'"
+        return f"{source}: missing required key '{shown}'"
     message = error["msg"].removeprefix("Value error, ")
-    return f"{source}: invalid value for '{dotted}': {message} (got {error.get('input')!r})"
+    return f"{source}: invalid value for '{shown}': {message} (got {error.get('input')!r})"
 
 
 def _set_override(data: dict, override: str) -> None:
@@ -560,8 +588,16 @@ def _resolve_paths(options: Options, base: Path) -> Options:
     return options
 
 
-def parse_options(data: Any, source: str = "options", base: Path | None = None) -> Options:
-    """Validate a mapping as options; errors become one-line OptionsErrors."""
+def parse_options(
+    data: Any,
+    source: str = "options",
+    base: Path | None = None,
+    overrides: list[str] | None = None,
+    within: str = "",
+) -> Options:
+    """Validate a mapping as options; errors become one-line OptionsErrors, naming the
+    ``-r`` override a wrong value came from. ``within``: the one key that wraps the
+    user's file (an eval description is a data set section), left out of key names."""
     if not isinstance(data, dict):
         raise OptionsError(f"{source}: the options must be a YAML mapping of keys to values")
     try:
@@ -569,7 +605,7 @@ def parse_options(data: Any, source: str = "options", base: Path | None = None) 
     except ValidationError as error:
         # of the errors of a union's members, the member that got furthest into the input
         deepest = max(error.errors(), key=lambda entry: len(entry["loc"]))
-        raise OptionsError(_describe(deepest, source, data)) from error
+        raise OptionsError(_describe(deepest, source, data, overrides or [], within)) from error
     check_fractions(options, source)
     return _resolve_paths(options, base or Path.cwd())
 
@@ -602,7 +638,7 @@ def load_options(path: str | Path, overrides: list[str] | None = None) -> Option
         raise OptionsError(f"{path}: the options must be a YAML mapping of keys to values")
     for override in overrides or []:
         _set_override(data, override)
-    return parse_options(data, str(path), path.parent.resolve())
+    return parse_options(data, str(path), path.parent.resolve(), overrides)
 
 
 def expanded(options: Options) -> dict:

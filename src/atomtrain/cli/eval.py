@@ -13,13 +13,13 @@ import yaml
 from ase.calculators.singlepoint import SinglePointCalculator
 
 from ..data.system import Structure
-from ..errors import OptionsError
+from ..errors import DataError, OptionsError
 from ..io import atomic_write
 from ..models.export import load_exported
 from ..options import DatasetOptions
 from ..runtime import BusyCores
 from ..training.checkpoint import best_model
-from ..training.datasets import file_labels, read_files
+from ..training.datasets import elements, file_labels, read_files
 from ..training.evaluation import local_batches, predict
 from ..training.loop import metrics_table
 from ..training.metrics import MetricSums, finalize
@@ -71,8 +71,23 @@ def dataset_options(path: Path) -> list[DatasetOptions]:
         raise OptionsError(f"{path}: YAML syntax error: {error}") from error
     from ..options import parse_options
 
-    options = parse_options({"training_set": data}, str(path), path.parent.resolve())
+    options = parse_options(
+        {"training_set": data}, str(path), path.parent.resolve(), within="training_set"
+    )
     return options.training_set
+
+
+def check_elements(
+    model_path: Path, files: list[tuple[str, list[Structure]]], known: list[int]
+) -> None:
+    """Every element of the data must be one the model was trained for."""
+    for path, structures in files:
+        unknown = sorted(elements(structures) - set(known))
+        if unknown:
+            raise DataError(
+                f"{path} holds atomic numbers {unknown} that the model {model_path} was not "
+                f"trained on (it knows {known}); evaluate it on structures of those elements"
+            )
 
 
 def write_predictions(path: Path, structures: list[Structure], predictions: list[dict]) -> None:
@@ -147,6 +162,8 @@ def predict_all(
 
 def run(arguments: argparse.Namespace) -> int:
     setup_logging(0, None)
+    if arguments.batch_size < 1:
+        raise OptionsError(f"-b {arguments.batch_size}: the batch size must be at least 1")
     check_output_path(arguments.output)
     if arguments.model.suffix == ".ckpt":
         model = best_model(arguments.model)
@@ -154,6 +171,7 @@ def run(arguments: argparse.Namespace) -> int:
         model = load_exported(arguments.model)
     dtype = next(model.parameters()).dtype
     files = read_files(dataset_options(arguments.data), require_energy=False)
+    check_elements(arguments.model, files, [int(z) for z in model.atomic_types])
     structures = [structure for _, part in files for structure in part]
     predictions: list[dict] = []
     total = MetricSums().values

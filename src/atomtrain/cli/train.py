@@ -7,7 +7,10 @@ import argparse
 import logging
 import os
 import random
+import shutil
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,7 +18,8 @@ from ..distributed import single_process
 from ..distributed.context import check_gpus_per_host, device_type, initialize
 from ..distributed.env import LaunchInfo, detect_launch
 from ..distributed.launch import launch_workers
-from ..errors import AtomtrainError
+from ..errors import AtomtrainError, OptionsError
+from ..io import check_writable_directory
 from ..models.soap_bpnn import SoapBpnn
 from ..options import Options, load_options
 from ..training.checkpoint import load_checkpoint, newest_complete_checkpoint
@@ -38,7 +42,7 @@ from ..training.outputs import (
     newest_run_directory,
     setup_logging,
 )
-from ..training.stopping import CollectiveError
+from ..training.stopping import CollectiveError, TrainingStopped
 from .export import check_output_path
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -128,10 +132,12 @@ def resume_point(arguments: argparse.Namespace, environ) -> tuple[Path, Path | N
         if not checkpoint.is_file():
             raise AtomtrainError(f"{checkpoint}: checkpoint not found")
         return (directory or checkpoint.resolve().parent), checkpoint
+    skipped: list[str] = []
     if directory is not None:
         directory = directory.resolve()
         directory.mkdir(parents=True, exist_ok=True)
-        found = newest_complete_checkpoint(directory)
+        found = newest_complete_checkpoint(directory, skipped)
+        report_skipped(skipped, found)
         if arguments.restart == "auto" or restarted:
             if found is None and arguments.restart == "auto":
                 raise AtomtrainError(
@@ -147,7 +153,8 @@ def resume_point(arguments: argparse.Namespace, environ) -> tuple[Path, Path | N
         return directory, None
     if arguments.restart == "auto":
         previous = newest_run_directory(outputs)
-        found = newest_complete_checkpoint(previous) if previous else None
+        found = newest_complete_checkpoint(previous, skipped) if previous else None
+        report_skipped(skipped, found)
         if found is None:
             raise AtomtrainError(
                 f"--restart auto: no earlier run with a checkpoint under {outputs}/; "
@@ -159,6 +166,14 @@ def resume_point(arguments: argparse.Namespace, environ) -> tuple[Path, Path | N
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(str(directory))
     return directory, None
+
+
+def report_skipped(skipped: list[str], found: tuple[Path, Any] | None) -> None:
+    """Say which newer checkpoints --restart auto passed over, before logging starts."""
+    if skipped and found is not None:
+        for reason in skipped:
+            print(f"atomtrain: skipping {reason}", file=sys.stderr)
+        print(f"atomtrain: resuming from {found[0]}", file=sys.stderr)
 
 
 def decide_on_rank_0(context, decide):
@@ -196,11 +211,19 @@ def check_only(options: Options, launch: LaunchInfo, pretrained: SoapBpnn | None
 
 
 def run(arguments: argparse.Namespace) -> int:
+    if arguments.nproc is not None and arguments.nproc < 1:
+        raise OptionsError(
+            f"--nproc {arguments.nproc}: give a positive number of processes (or leave "
+            "--nproc out for one)"
+        )
     options = load_options(arguments.options, arguments.override)
     pretrained = adopt_pretrained(options, str(arguments.options))
     if arguments.output is not None:
         check_output_path(arguments.output)
     launch = detect_launch(os.environ, arguments.nproc, options.distributed.port)
+    if launch.rank == 0 and not arguments.check:  # rank 0 writes the run's files
+        run_directory = arguments.run_dir or arguments.outputs
+        check_writable_directory(run_directory, "--run-dir" if arguments.run_dir else "outputs")
     batch_size = options.architecture.training.batch_size
     packed = options.architecture.training.max_atoms_per_batch is not None
     if launch.world_size > batch_size and not packed:
@@ -224,12 +247,15 @@ def run(arguments: argparse.Namespace) -> int:
         setup_logging(launch.rank, None)
     context = initialize(launch, options.device, options.distributed.timeout)
     failed = False
+    new_directory: Path | None = None  # a directory this run made, until it has a checkpoint
     try:
         with context.guard():
             directory, checkpoint = decide_on_rank_0(
                 context, lambda: resume_point(arguments, os.environ)
             )
         if context.is_main:
+            if checkpoint is None and not any(directory.iterdir()):
+                new_directory = directory
             setup_logging(0, directory / "train.log")
         restart_state = load_checkpoint(checkpoint) if checkpoint is not None else None
         seed = options.seed
@@ -251,7 +277,9 @@ def run(arguments: argparse.Namespace) -> int:
         )
         train(options, context, run_state, seed)
         return 0
-    except CollectiveError:
+    except CollectiveError as error:
+        if not isinstance(error, TrainingStopped):
+            discard_unstarted(new_directory, arguments.outputs)
         # every rank raised it at the same step: they leave together (finally), as after
         # a normal end; tearing down alone while a peer still does can abort that peer
         raise
@@ -259,6 +287,8 @@ def run(arguments: argparse.Namespace) -> int:
         failed = True
         logger.debug("stopping on error", exc_info=True)
         context.fail(error)
+        if isinstance(error, AtomtrainError):  # the console has the whole story
+            discard_unstarted(new_directory, arguments.outputs)
         raise
     finally:
         if not failed:
@@ -267,6 +297,21 @@ def run(arguments: argparse.Namespace) -> int:
             except Exception:
                 logger.debug("error while leaving the process group", exc_info=True)
         close_logging()
+
+
+def discard_unstarted(directory: Path | None, outputs: Path) -> None:
+    """Remove the directory of a run that failed on bad input before its first
+    checkpoint: what it holds (a log, the options) describes a run that never was, and
+    an empty date directory above it goes too. A directory with a checkpoint stays."""
+    if directory is None or any(directory.glob("*.ckpt")):
+        return
+    close_logging()
+    shutil.rmtree(directory, ignore_errors=True)
+    if directory.parent.parent == outputs.resolve():
+        try:
+            directory.parent.rmdir()  # outputs/DATE when this was its only run
+        except OSError:
+            pass
 
 
 def log_rank_map(context) -> None:

@@ -3,6 +3,7 @@ and forces: trajectories, databases, VASP output, ...), with configurable keys a
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,36 +13,34 @@ import ase.io.formats
 import ase.units
 import numpy as np
 import torch
+import vesin
 
 from ..errors import DataError
+from ..units import unit_factor
 from .system import Structure
 
-LENGTH_UNITS = {
-    "angstrom": 1.0,
-    "a": 1.0,
-    "bohr": ase.units.Bohr,
-    "nm": 10.0,
-}
-ENERGY_UNITS = {
-    "ev": 1.0,
-    "mev": 1e-3,
-    "hartree": ase.units.Hartree,
-    "ha": ase.units.Hartree,
-    "ry": ase.units.Ry,
-    "rydberg": ase.units.Ry,
-    "kcal/mol": ase.units.kcal / ase.units.mol,
-    "kj/mol": ase.units.kJ / ase.units.mol,
-}
+logger = logging.getLogger(__name__)
+
+# Closer than this, two atoms are the same atom twice (a bad merge or conversion): the
+# shortest bond, H2's, is 0.74 A. Closer than SUSPECT_DISTANCE is rare outside
+# high-energy collisions, and worth a note.
+MINIMUM_DISTANCE = 0.1
+SUSPECT_DISTANCE = 0.5
 
 
-def unit_factor(unit: str, kind: str) -> float:
-    """Factor that converts a value in ``unit`` to angstrom (length) or eV (energy)."""
-    table = LENGTH_UNITS if kind == "length" else ENERGY_UNITS
-    key = unit.strip().lower()
-    if key not in table:
-        known = ", ".join(sorted(table))
-        raise DataError(f"unknown {kind} unit '{unit}'; known units: {known}")
-    return table[key]
+def close_pairs(
+    positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first, second, distance) of the pairs of atoms closer than ``cutoff``."""
+    calculator = vesin.NeighborList(cutoff=cutoff, full_list=False)
+    box = cell if bool(np.any(pbc)) else np.zeros((3, 3))
+    return calculator.compute(
+        points=positions,
+        box=np.ascontiguousarray(box),
+        periodic=[bool(p) for p in pbc],
+        quantities="ijd",
+        copy=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -124,6 +123,8 @@ class _FrameReader:
         self.keys = keys
         self.length = unit_factor(units.length, "length")
         self.energy = unit_factor(units.energy, "energy")
+        self.close_frame: tuple[int, int, int, float] | None = None  # the first suspect
+        self.close_count = 0
 
     def fail(self, index: int, message: str) -> DataError:
         return DataError(f"{self.path}, frame {index}: {message}")
@@ -131,6 +132,36 @@ class _FrameReader:
     def check_finite(self, index: int, name: str, value: np.ndarray) -> None:
         if not np.all(np.isfinite(value)):
             raise self.fail(index, f"{name} contains NaN or infinite values")
+
+    def check_distances(
+        self, index: int, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray
+    ) -> None:
+        """Atoms on top of each other make the descriptors undefined (NaN): refuse them,
+        naming both; note pairs closer than any bond, which train but are suspect."""
+        first, second, distances = close_pairs(positions, cell, pbc, SUSPECT_DISTANCE)
+        if distances.size == 0:
+            return
+        closest = int(np.argmin(distances))
+        i, j, distance = int(first[closest]), int(second[closest]), float(distances[closest])
+        if distance < MINIMUM_DISTANCE:
+            raise self.fail(
+                index,
+                f"atoms {i} and {j} are {distance:.3g} A apart (under {MINIMUM_DISTANCE} A: "
+                "the same atom twice?); remove or fix this structure",
+            )
+        if self.close_frame is None:
+            self.close_frame = (index, i, j, distance)
+        self.close_count += 1
+
+    def report_close_pairs(self) -> None:
+        if self.close_frame is None:
+            return
+        index, i, j, distance = self.close_frame
+        logger.warning(
+            f"{self.path}: {self.close_count} structure(s) have atoms closer than "
+            f"{SUSPECT_DISTANCE} A (first: frame {index}, atoms {i} and {j}, {distance:.3g} "
+            "A apart); they are used, but check that they are meant"
+        )
 
     def energy_of(self, index: int, atoms: ase.Atoms) -> float | None:
         value = _lookup(atoms, self.keys.energy, per_atom=False)
@@ -200,6 +231,7 @@ class _FrameReader:
                 "the structure is periodic but its cell has zero volume; "
                 'give a Lattice or set pbc="F F F"',
             )
+        self.check_distances(index, positions, cell, np.asarray(atoms.pbc, dtype=bool))
         return Structure(
             positions=torch.from_numpy(positions),
             atomic_numbers=torch.from_numpy(atoms.numbers.astype(np.int64)),
@@ -233,4 +265,8 @@ def read_structures(
             _lookup(first, keys.stress, per_atom=False) is not None
             or _lookup(first, keys.virial, per_atom=False) is not None
         )
-    return [reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)]
+    structures = [
+        reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)
+    ]
+    reader.report_close_pairs()
+    return structures

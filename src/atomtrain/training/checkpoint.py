@@ -10,6 +10,7 @@ import torch
 
 from ..errors import AtomtrainError
 from ..io import atomic_write
+from ..models.export import first_line, foreign_file
 from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
 
 # 2: SOAP buffers changed (one upper-triangle index, spread and normalisation buffers)
@@ -24,15 +25,20 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     )
 
 
-def newest_complete_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+def newest_complete_checkpoint(
+    directory: Path, skipped: list[str] | None = None, excluding: Path | None = None
+) -> tuple[Path, dict[str, Any]] | None:
     """The most recently written checkpoint of a run that loads completely (last.ckpt
-    or epoch_N.ckpt), with its contents; None when there is none."""
+    or epoch_N.ckpt), other than ``excluding``, with its contents; None when there is
+    none. Why each newer one did not load is added to ``skipped``."""
     candidates = [directory / "last.ckpt", *directory.glob("epoch_*.ckpt")]
-    existing = [path for path in candidates if path.is_file()]
+    existing = [path for path in candidates if path.is_file() and path != excluding]
     for path in sorted(existing, key=lambda path: path.stat().st_mtime_ns, reverse=True):
         try:
             return path, load_checkpoint(path)
-        except AtomtrainError:
+        except AtomtrainError as error:
+            if skipped is not None:
+                skipped.append(str(error))
             continue
     return None
 
@@ -41,12 +47,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise AtomtrainError(f"{path}: checkpoint not found")
+    foreign = foreign_file(path)
+    if foreign is not None:
+        raise AtomtrainError(f"{path}: {foreign}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise AtomtrainError(
-            f"{path}: not a readable atomtrain checkpoint ({str(error).splitlines()[0]})"
-        ) from error
+        raise AtomtrainError(unreadable(path, error)) from error
     written = state.get("format", "") if isinstance(state, dict) else ""
     if isinstance(written, str) and written.startswith("atomtrain-checkpoint-"):
         if written != FORMAT:
@@ -62,6 +69,21 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"run uses '{ARCHITECTURE_NAME}'; restart with a matching checkpoint"
         )
     return state
+
+
+def unreadable(path: Path, error: BaseException) -> str:
+    """Why a checkpoint does not load, in one short line."""
+    if isinstance(error, RuntimeError) and (
+        "zip archive" in str(error) or "miniz" in str(error) or "central directory" in str(error)
+    ):
+        older = newest_complete_checkpoint(path.parent, excluding=path)
+        instead = (
+            f"; --restart auto would resume from {older[0]}"
+            if older
+            else "; no other complete checkpoint is beside it"
+        )
+        return f"{path}: the checkpoint is truncated or corrupt{instead}"
+    return f"{path}: not a readable atomtrain checkpoint ({first_line(error)})"
 
 
 def best_model(path: str | Path) -> SoapBpnn:
