@@ -12,9 +12,9 @@ from typing import IO, Any
 
 from .errors import AtomtrainError
 
-# Fault injection for the tests: "NAME:K" stalls the K-th write of a file called NAME
-# (1 when K is left out) after its first bytes, leaving NAME.stalled beside it, so that a
-# test can kill the process at a known point inside a write.
+# Fault injection for the tests: "NAME:K" stops the K-th write of a file called NAME (1
+# when K is left out) after its first bytes and leaves NAME.stalled beside it; the write
+# goes on once a test removes that file, or never if the test kills the process there.
 STALL_VARIABLE = "ATOMTRAIN_TEST_STALL_WRITE"
 STALL_AFTER_BYTES = 4096
 _writes_seen: dict[str, int] = {}
@@ -38,21 +38,23 @@ def process_umask() -> int:
 
 
 class _StallingFile:
-    """A file that stops, as a process killed mid-write would, after its first bytes."""
+    """A file whose writing stops once after its first bytes, until the test says."""
 
     def __init__(self, stream: IO[Any], marker: Path):
         self.stream = stream
         self.marker = marker
         self.written = 0
+        self.stalled = False
 
     def write(self, data) -> int:
         count = self.stream.write(data)
         self.written += count
-        if self.written >= STALL_AFTER_BYTES:
+        if self.written >= STALL_AFTER_BYTES and not self.stalled:
+            self.stalled = True
             self.stream.flush()
             self.marker.write_text(str(os.getpid()))
-            while True:  # until the test kills this process
-                time.sleep(1)
+            while self.marker.exists():
+                time.sleep(0.05)
         return count
 
     def __getattr__(self, name: str) -> Any:
@@ -68,6 +70,16 @@ def _stall_here(path: Path) -> bool:
         return False
     _writes_seen[name] = _writes_seen.get(name, 0) + 1
     return _writes_seen[name] == int(occurrence or 1)
+
+
+def disk_nearly_full(directory: Path, margin: int = 1 << 20) -> bool:
+    """Less than ``margin`` bytes left for this user on the file system of ``directory``
+    (checked while a failed write's temporary still holds its space)."""
+    try:
+        status = os.statvfs(directory)
+    except OSError:
+        return False
+    return status.f_bavail * status.f_frsize < margin
 
 
 def _disk_full(error: BaseException) -> bool:
@@ -102,6 +114,11 @@ def atomic_write(
         os.replace(temporary, path)
     except OSError as error:
         raise output_error(path, what, error) from error
+    except Exception as error:
+        # torch's writers report a failed write as a RuntimeError about file positions
+        if disk_nearly_full(path.parent):
+            raise output_error(path, what, OSError(errno.ENOSPC, "disk full")) from error
+        raise
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)

@@ -3,9 +3,12 @@ on the console."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 
+import ase.io
 import pytest
 import torch
 
@@ -13,7 +16,7 @@ from atomtrain.cli.main import main
 from atomtrain.training.checkpoint import FORMAT
 
 from conftest import RESOURCES
-from helpers import write_options
+from helpers import run_directories, write_options
 
 ETHANOL = RESOURCES / "ethanol_40.xyz"
 
@@ -187,3 +190,254 @@ def test_real_command_line_exit_code_and_single_line(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"atomtrain: {tmp_path / 'missing.yaml'}: options file not found"
     ]
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input that users reported: each row builds its input in a directory, runs one
+# command, and must get exit code 2 with one line holding the fragments, and no run
+# directory left behind. Add each new report as a row.
+
+METATRAIN = RESOURCES / "metatrain"
+
+
+@pytest.fixture(scope="module")
+def trained_model(tmp_path_factory):
+    """A small trained run: (model.pt, best.ckpt, run directory)."""
+    directory = tmp_path_factory.mktemp("trained")
+    options = write_options(directory, ETHANOL, architecture__training__num_epochs=2)
+    run_dir = directory / "run"
+    code = main(["train", str(options), "--run-dir", str(run_dir), "-o", str(directory / "m.pt")])
+    assert code == 0
+    return directory / "m.pt", run_dir / "best.ckpt", run_dir
+
+
+def same_atom_twice(directory):
+    frames = ase.io.read(ETHANOL, ":12")
+    frames[3].positions[2] = frames[3].positions[1]
+    path = directory / "overlap.xyz"
+    ase.io.write(path, frames)
+    return path
+
+
+def non_atomtrain_torchscript(directory):
+    path = directory / "linear.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(path))
+    return path
+
+
+def truncated_copy(directory, checkpoint):
+    path = directory / "last.ckpt"
+    shutil.copy(checkpoint.parent / "epoch_2.ckpt", directory / "epoch_2.ckpt")
+    data = checkpoint.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def read_only(directory):
+    """A directory not even root can write to: a read-only mount (or mode 555 for users)."""
+    target = directory / "read_only"
+    target.mkdir()
+    if os.geteuid() != 0:
+        target.chmod(0o555)
+        return target
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(target)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot make a read-only directory for root here (mount failed)")
+    READ_ONLY_MOUNTS.append(target)
+    return target
+
+
+READ_ONLY_MOUNTS: list = []
+
+
+def train_options(directory, **changes):
+    return write_options(directory, ETHANOL, **changes)
+
+
+# (case, command builder (directory, model.pt, best.ckpt) -> argv, fragments of the line)
+CASES = [
+    (
+        "eval: element the exported model lacks",
+        lambda d, pt, ckpt: ["eval", pt, RESOURCES / "si_test.xyz", "-o", d / "p.xyz"],
+        ["si_test.xyz", "[14]", "knows [1, 6, 8]"],
+    ),
+    (
+        "eval: element the checkpoint's model lacks",
+        lambda d, pt, ckpt: ["eval", ckpt, RESOURCES / "si_test.xyz", "-o", d / "p.xyz"],
+        ["si_test.xyz", "[14]", "best.ckpt"],
+    ),
+    (
+        "train: two atoms at the same position",
+        lambda d, pt, ckpt: ["train", write_options(d, same_atom_twice(d)), "--outputs", d / "o"],
+        ["overlap.xyz, frame 3", "atoms 1 and 2", "0 A apart"],
+    ),
+    (
+        "eval: two atoms at the same position",
+        lambda d, pt, ckpt: ["eval", pt, same_atom_twice(d), "-o", d / "p.xyz"],
+        ["overlap.xyz, frame 3", "atoms 1 and 2"],
+    ),
+    (
+        "train: read-only --run-dir",
+        lambda d, pt, ckpt: ["train", train_options(d), "--run-dir", read_only(d) / "run"],
+        ["--run-dir", "read_only", "not writable"],
+    ),
+    (
+        "train: read-only -o",
+        lambda d, pt, ckpt: [
+            *["train", train_options(d), "--outputs", d / "o"],
+            *["-o", read_only(d) / "model.pt"],
+        ],
+        ["model.pt", "not writable"],
+    ),
+    (
+        "eval: read-only -o",
+        lambda d, pt, ckpt: ["eval", pt, ETHANOL, "-o", read_only(d) / "p.xyz"],
+        ["p.xyz", "not writable"],
+    ),
+    (
+        "train: --nproc 0",
+        lambda d, pt, ckpt: ["train", train_options(d), "--nproc", "0", "--outputs", d / "o"],
+        ["--nproc 0", "positive number"],
+    ),
+    (
+        "train: --nproc -1",
+        lambda d, pt, ckpt: ["train", train_options(d), "--nproc", "-1", "--outputs", d / "o"],
+        ["--nproc -1", "positive number"],
+    ),
+    (
+        "eval: -b 0",
+        lambda d, pt, ckpt: ["eval", pt, ETHANOL, "-b", "0", "-o", d / "p.xyz"],
+        ["-b 0", "at least 1"],
+    ),
+    (
+        "eval: a TorchScript module that is not an atomtrain model",
+        lambda d, pt, ckpt: ["eval", non_atomtrain_torchscript(d), ETHANOL, "-o", d / "p.xyz"],
+        ["linear.pt", "not an atomtrain model", "cutoff"],
+    ),
+    (
+        "fine-tune: a TorchScript module that is not an atomtrain model",
+        lambda d, pt, ckpt: [
+            "train",
+            train_options(
+                d, architecture__training__finetune={"read_from": str(non_atomtrain_torchscript(d))}
+            ),
+            *["--outputs", d / "o"],
+        ],
+        ["linear.pt", "not an atomtrain model"],
+    ),
+    (
+        "eval: a model exported by metatrain",
+        lambda d, pt, ckpt: ["eval", METATRAIN / "model.pt", ETHANOL, "-o", d / "p.xyz"],
+        ["model.pt", "metatomic model", "MetatomicCalculator"],
+    ),
+    (
+        "eval: a metatrain checkpoint",
+        lambda d, pt, ckpt: ["eval", METATRAIN / "model.ckpt", ETHANOL, "-o", d / "p.xyz"],
+        ["model.ckpt", "metatrain checkpoint"],
+    ),
+    (
+        "fine-tune: a metatrain checkpoint",
+        lambda d, pt, ckpt: [
+            "train",
+            train_options(
+                d, architecture__training__finetune={"read_from": str(METATRAIN / "model.ckpt")}
+            ),
+            *["--outputs", d / "o"],
+        ],
+        ["model.ckpt", "metatrain checkpoint"],
+    ),
+    (
+        "eval: a truncated checkpoint",
+        lambda d, pt, ckpt: ["eval", truncated_copy(d, ckpt), ETHANOL, "-o", d / "p.xyz"],
+        ["last.ckpt", "truncated or corrupt", "--restart auto would resume from", "epoch_2.ckpt"],
+    ),
+    (
+        "train --restart: a truncated checkpoint",
+        lambda d, pt, ckpt: ["train", train_options(d), "--restart", truncated_copy(d, ckpt)],
+        ["last.ckpt", "truncated or corrupt", "epoch_2.ckpt"],
+    ),
+    (
+        "train: -r with an unknown key",
+        lambda d, pt, ckpt: [
+            *["train", train_options(d), "--outputs", d / "o"],
+            *["-r", "architecture.model.bogus=1"],
+        ],
+        ["-r architecture.model.bogus=1", "unknown key 'architecture.model.bogus'"],
+    ),
+    (
+        "train: unknown energy unit",
+        lambda d, pt, ckpt: [
+            "train",
+            train_options(
+                d, training_set={"systems": str(ETHANOL), "targets": {"energy": {"unit": "eVs"}}}
+            ),
+            *["--outputs", d / "o"],
+        ],
+        ["options.yaml", "training_set.targets.energy.unit", "'eVs'", "did you mean 'ev'"],
+    ),
+    (
+        "train: unknown length unit",
+        lambda d, pt, ckpt: [
+            "train",
+            train_options(
+                d, training_set={"systems": {"read_from": str(ETHANOL), "length_unit": "angstroms"}}
+            ),
+            *["--outputs", d / "o"],
+        ],
+        ["training_set.systems.length_unit", "'angstroms'", "did you mean 'angstrom'"],
+    ),
+    (
+        "eval: a YAML description without read_from",
+        lambda d, pt, ckpt: [
+            *["eval", pt, write_text(d / "data.yaml", "systems:\n  length_unit: angstrom\n")],
+            *["-o", d / "p.xyz"],
+        ],
+        ["data.yaml", "missing required key 'systems.read_from'"],
+    ),
+    (
+        "train: a missing data file",
+        lambda d, pt, ckpt: [
+            "train",
+            write_options(d, d / "absent.xyz"),
+            *["--outputs", d / "o"],
+        ],
+        ["absent.xyz", "data file not found"],
+    ),
+]
+
+
+def write_text(path, text):
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case, command, fragments", CASES, ids=[case[0] for case in CASES])
+def test_reported_bad_input(tmp_path, capsys, trained_model, case, command, fragments):
+    model, checkpoint, _ = trained_model
+    try:
+        arguments = [str(part) for part in command(tmp_path, model, checkpoint)]
+        code, error = run(capsys, *arguments)
+    finally:
+        while READ_ONLY_MOUNTS:
+            subprocess.run(["umount", "-l", str(READ_ONLY_MOUNTS.pop())], check=False)
+    assert code == 2, error
+    assert_one_line(code, error, *fragments)
+    assert "\x1b" not in error  # no terminal escape codes
+    assert run_directories(tmp_path / "o") == []  # no run that never started
+    assert not (tmp_path / "p.xyz").exists()
+
+
+def test_restart_auto_says_which_checkpoint_it_skips(tmp_path, capsys, trained_model):
+    _, checkpoint, run_dir = trained_model
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    truncated_copy(copy, checkpoint)
+    os.utime(copy / "epoch_2.ckpt", (1, 1))  # older than last.ckpt
+    options = write_options(tmp_path, ETHANOL, architecture__training__num_epochs=2)
+    code = main(["train", str(options), "--run-dir", str(copy), "--restart", "auto"])
+    error = capsys.readouterr().err
+    assert code == 0
+    assert f"skipping {copy / 'last.ckpt'}: the checkpoint is truncated or corrupt" in error
+    assert f"resuming from {copy / 'epoch_2.ckpt'}" in error

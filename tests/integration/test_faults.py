@@ -393,26 +393,94 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
-def test_killing_a_run_while_it_checkpoints_leaves_loadable_checkpoints(tmp_path):
+def wait_for_stall(marker: Path, process, limit=120.0) -> None:
+    """Wait until the writer stopped inside its write (see atomtrain.io's test hook)."""
+    deadline = time.monotonic() + limit
+    while not marker.exists():
+        if process.poll() is not None:
+            pytest.fail(f"training ended before the stalled write: {process.communicate()}")
+        if time.monotonic() > deadline:
+            pytest.fail("the write did not stall in time")
+        time.sleep(0.02)
+
+
+def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_path):
+    """The second write of last.ckpt (after epoch 2) stops after its first 4 KiB, the
+    process is killed there, and --restart auto resumes from epoch 1's checkpoint."""
     options = options_in(tmp_path)
     run_dir = tmp_path / "run"
-    for delay in (0.3, 0.7):
-        process = subprocess.Popen(
-            train_command(
-                options,
-                run_dir,
-                *(["--restart", "auto"] if (run_dir / "last.ckpt").exists() else []),
-            ),
-            env=environment(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for_epochs(run_dir, 1, [process]) if delay == 0.3 else time.sleep(delay)
-        time.sleep(delay)
-        process.kill()
-        process.wait()
-    for checkpoint in run_dir.glob("*.ckpt"):
-        torch.load(checkpoint, weights_only=True)
-    from atomtrain.training.checkpoint import newest_complete_checkpoint
+    process = subprocess.Popen(
+        train_command(options, run_dir),
+        env=environment(ATOMTRAIN_TEST_STALL_WRITE="last.ckpt:2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    marker = run_dir / "last.ckpt.stalled"
+    wait_for_stall(marker, process)
+    partial = list(run_dir.glob(".last.ckpt.*.tmp"))
+    assert len(partial) == 1 and partial[0].stat().st_size >= 4096  # killed mid-write
+    process.kill()
+    process.wait()
+    assert torch.load(run_dir / "last.ckpt", weights_only=True)["epoch"] == 1
+    resumed = subprocess.run(
+        train_command(options, run_dir, "--restart", "auto"),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    log = (run_dir / "train.log").read_text()
+    assert "resuming after epoch 1" in log
+    assert torch.load(run_dir / "last.ckpt", weights_only=True)["epoch"] == EPOCHS
 
-    assert newest_complete_checkpoint(run_dir) is not None
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A directory on a 4 MiB file system of its own (root only: a tmpfs mount)."""
+    directory = tmp_path / "disk"
+    directory.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(directory)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small file system here (needs root)")
+    yield directory
+    subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def fill(directory: Path, leave: int) -> None:
+    """Fill the file system of ``directory`` up to ``leave`` bytes."""
+    with open(directory / "filler", "wb") as stream:
+        try:
+            while True:
+                stream.write(b"\0" * 65536)
+                stream.flush()
+        except OSError:
+            pass
+    with open(directory / "filler", "r+b") as stream:
+        stream.truncate(max(0, (directory / "filler").stat().st_size - leave))
+
+
+def test_disk_full_while_checkpointing_is_named_and_keeps_the_last_checkpoint(tmp_path, small_disk):
+    options = options_in(tmp_path)
+    run_dir = small_disk / "run"
+    process = subprocess.Popen(
+        train_command(options, run_dir),
+        env=environment(ATOMTRAIN_TEST_STALL_WRITE="last.ckpt:2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    marker = run_dir / "last.ckpt.stalled"
+    wait_for_stall(marker, process)
+    fill(small_disk, leave=8192)
+    marker.unlink()  # the write goes on, into a full disk
+    _, error = process.communicate(timeout=120)
+    assert process.returncode == 2, error
+    lines = error.strip().splitlines()
+    assert lines == [lines[-1]] and lines[-1].startswith("atomtrain: no space left on device")
+    assert "checkpoint" in lines[-1] and str(run_dir / "last.ckpt") in lines[-1]
+    assert torch.load(run_dir / "last.ckpt", weights_only=True)["epoch"] == 1
+    assert not list(run_dir.glob("*.tmp"))

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     arguments.argv = list(sys.argv[1:] if argv is None else argv)
     keep_freed_memory()
+    # a log file that cannot be written (a full disk) must not print tracebacks: the
+    # error that matters is reported by the write that failed
+    logging.raiseExceptions = False
     logger = logging.getLogger(LOGGER_NAME)
     try:
         return int(arguments.run(arguments) or 0)
