@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from atomtrain.cli.eval import parity_pairs
 from atomtrain.cli.main import main
 from atomtrain.data import read_structures
 from atomtrain.models.export import load_exported
@@ -122,11 +123,22 @@ def test_eval_metrics_match_an_independent_computation(tmp_path, trained, capsys
     predicted = ase.io.read(predictions, ":")
     reference = ase.io.read(ETHANOL, ":")
     assert len(predicted) == len(reference)
+    for p, r in zip(predicted, reference):
+        # the reference frame as it was, every key kept, with the predictions beside it
+        assert p.info["OH_dist"] == r.info["OH_dist"]
+        assert p.get_potential_energy() == r.get_potential_energy()
+        np.testing.assert_array_equal(p.get_forces(), r.get_forces())
     energy_error = np.array(
-        [p.get_potential_energy() - r.get_potential_energy() for p, r in zip(predicted, reference)]
+        [
+            p.info["predicted_energy"] - r.get_potential_energy()
+            for p, r in zip(predicted, reference)
+        ]
     )
     force_error = np.concatenate(
-        [(p.get_forces() - r.get_forces()).ravel() for p, r in zip(predicted, reference)]
+        [
+            (p.arrays["predicted_forces"] - r.get_forces()).ravel()
+            for p, r in zip(predicted, reference)
+        ]
     )
     per_atom = energy_error / np.array([len(r) for r in reference])
     expected = {
@@ -135,7 +147,9 @@ def test_eval_metrics_match_an_independent_computation(tmp_path, trained, capsys
         "F MAE": np.mean(np.abs(force_error)) * 1e3,
     }
     # the table that eval printed holds the same numbers
-    table = capsys.readouterr().out.splitlines()
+    output = capsys.readouterr().out
+    assert f"metrics of {run / 'model.pt'}" in output  # not "of the best model"
+    table = output.splitlines()
     header = next(line for line in table if line.startswith("set"))
     row = next(line for line in table if line.startswith("ethanol_40.xyz"))
     labels = [label.strip() for label in header[12:].split("  ") if label.strip()]
@@ -172,7 +186,7 @@ def test_eval_accepts_metatrain_yaml(tmp_path, trained):
     assert main(["eval", str(run / "model.pt"), str(description), "-o", str(predictions)]) == 0
     frames = ase.io.read(predictions, ":")
     assert len(frames) == 100
-    energies = np.array([frame.get_potential_energy() for frame in frames])
+    energies = np.array([frame.info["predicted_energy"] for frame in frames])
     reference = np.array(
         [
             s.energy
@@ -464,7 +478,7 @@ def test_finetuning_refuses_what_does_not_fit_the_model(tmp_path, trained, capsy
         assert fragment in error, (fragment, error)
 
 
-def test_the_options_file_metatrain_writes_trains(tmp_path):
+def test_the_options_file_metatrain_writes_trains(tmp_path, capsys):
     """metatrain's options_restart.yaml as is (full-size SOAP-BPNN, stress, the best
     model by metatrain's product of RMSEs), on 20 + 5 silicon cells."""
     frames = ase.io.read(RESOURCES / "si_test.xyz", ":")
@@ -486,6 +500,38 @@ def test_the_options_file_metatrain_writes_trains(tmp_path):
     best = 1 + products.index(min(products))
     assert f"best model: epoch {best}" in (run / "train.log").read_text()
 
+    # eval of periodic cells through a one-file description: rows named by the data file,
+    # stress predicted beside the reference, and a stress panel in the parity plot
+    description = tmp_path / "validation.yaml"
+    description.write_text(yaml.safe_dump({"systems": "silicon_validation.xyz"}))
+    predictions = tmp_path / "predictions.xyz"
+    capsys.readouterr()
+    assert main(["eval", str(run / "model.pt"), str(description), "-o", str(predictions)]) == 0
+    assert len(printed_metrics(capsys.readouterr().out, "silicon_validation.xyz")) == 8
+    predicted = ase.io.read(predictions, ":")
+    assert len(predicted) == 5
+    for frame, reference in zip(predicted, frames[20:]):
+        assert frame.info["predicted_stress"].shape == (6,)
+        assert frame.info["config_type"] == reference.info["config_type"]
+        np.testing.assert_allclose(frame.get_stress(), reference.get_stress())
+    assert predictions.with_suffix(".png").is_file()
+    structures = read_structures(tmp_path / "silicon_validation.xyz")
+    entries = [
+        {
+            "energy": f.info["predicted_energy"],
+            "forces": f.arrays["predicted_forces"],
+            "stress": voigt_to_matrix(f.info["predicted_stress"]),
+        }
+        for f in predicted
+    ]
+    assert list(parity_pairs(structures, entries)) == [
+        "energy per atom (eV)",
+        "force component (eV/A)",
+        "stress component (GPa)",
+    ]
+    log = (run / "train.log").read_text()
+    assert "S RMSE" in log
+
 
 def test_help_and_version():
     result = subprocess.run(
@@ -497,3 +543,8 @@ def test_help_and_version():
             [sys.executable, "-m", "atomtrain", command, "--help"], capture_output=True, text=True
         )
         assert result.returncode == 0 and "usage" in result.stdout
+
+
+def voigt_to_matrix(voigt):
+    xx, yy, zz, yz, xz, xy = voigt
+    return np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])

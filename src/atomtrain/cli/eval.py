@@ -8,10 +8,11 @@ from pathlib import Path
 
 import ase
 import ase.io
+import ase.units
 import torch
 import yaml
-from ase.calculators.singlepoint import SinglePointCalculator
 
+from ..data.extxyz import read_frames
 from ..data.system import Structure
 from ..errors import DataError, OptionsError
 from ..io import atomic_write
@@ -90,17 +91,16 @@ def check_elements(
             )
 
 
-def write_predictions(path: Path, structures: list[Structure], predictions: list[dict]) -> None:
-    frames = []
-    for structure, predicted in zip(structures, predictions):
-        atoms = ase.Atoms(
-            numbers=structure.atomic_numbers.numpy(),
-            positions=structure.positions.numpy(),
-            cell=structure.cell.numpy(),
-            pbc=structure.pbc.numpy(),
-        )
-        atoms.calc = SinglePointCalculator(atoms, **predicted)
-        frames.append(atoms)
+def write_predictions(path: Path, sources: list[str], predictions: list[dict]) -> None:
+    """The reference frames as they are in their files (every key kept), with the
+    predictions beside them: ``predicted_energy`` (eV) and ``predicted_stress`` (eV/A^3,
+    Voigt order, ASE's sign) in the info, ``predicted_forces`` (eV/A) per atom."""
+    frames = [atoms for source in sources for atoms in read_frames(Path(source))]
+    for atoms, predicted in zip(frames, predictions):
+        atoms.info["predicted_energy"] = predicted["energy"]
+        atoms.arrays["predicted_forces"] = predicted["forces"]
+        if "stress" in predicted:
+            atoms.info["predicted_stress"] = predicted["stress"].reshape(9)[VOIGT]
     atomic_write(
         path,
         lambda stream: ase.io.write(stream, frames, format="extxyz"),
@@ -109,13 +109,18 @@ def write_predictions(path: Path, structures: list[Structure], predictions: list
     )
 
 
+# the 3x3 stress as ASE's Voigt vector: xx, yy, zz, yz, xz, xy
+VOIGT = [0, 4, 8, 5, 2, 1]
+
+
 def parity_plot(path: Path, pairs: dict[str, tuple[list[float], list[float]]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    figure, axes = plt.subplots(1, len(pairs), figsize=(4.5 * len(pairs), 4))
+    figure, axes = plt.subplots(1, len(pairs), figsize=(4.5 * len(pairs), 4.3))
     axes = axes if hasattr(axes, "__len__") else [axes]
     for axis, (name, (reference, predicted)) in zip(axes, pairs.items()):
         axis.scatter(reference, predicted, s=4, alpha=0.6)
@@ -123,6 +128,12 @@ def parity_plot(path: Path, pairs: dict[str, tuple[list[float], list[float]]]) -
         axis.plot([low, high], [low, high], color="black", linewidth=0.8)
         axis.set_xlabel(f"reference {name}")
         axis.set_ylabel(f"predicted {name}")
+        # large values (energies of -654.1 eV/atom) have long labels: fewer, slanted ticks
+        axis.xaxis.set_major_locator(MaxNLocator(4))
+        axis.yaxis.set_major_locator(MaxNLocator(5))
+        axis.ticklabel_format(useOffset=False)
+        axis.tick_params(axis="x", labelrotation=30)
+        axis.set_aspect("equal", adjustable="datalim")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -181,11 +192,18 @@ def run(arguments: argparse.Namespace) -> int:
         predictions += part_predictions
         total += sums  # error sums add up: the whole set's metrics are exact
         per_file[f"  {name}"] = finalize(sums)
-    write_predictions(arguments.output, structures, predictions)
+    write_predictions(arguments.output, [path for path, _ in files], predictions)
     metrics = finalize(total)
     if metrics:
-        table = {arguments.data.name: metrics, **(per_file if len(files) > 1 else {})}
-        logger.info(metrics_table(table))
+        # one file: its own name; several: the description's, with a row per file
+        whole = arguments.data.name if len(files) > 1 else Path(files[0][0]).name
+        table = {whole: metrics, **(per_file if len(files) > 1 else {})}
+        which = (
+            f"the best model of {arguments.model}"
+            if arguments.model.suffix == ".ckpt"
+            else str(arguments.model)
+        )
+        logger.info(metrics_table(table, f"metrics of {which}"))
         pairs = parity_pairs(structures, predictions)
         parity_plot(arguments.output.with_suffix(".png"), pairs)
     logger.info(f"wrote predictions for {len(structures)} structures to {arguments.output}")
@@ -204,5 +222,11 @@ def parity_pairs(structures, predictions) -> dict[str, tuple[list[float], list[f
         pairs["force component (eV/A)"] = (
             torch.cat([s.forces.reshape(-1) for s, _ in known]).tolist(),
             [v for _, p in known for v in p["forces"].reshape(-1).tolist()],
+        )
+    known = [(s, p) for s, p in zip(structures, predictions) if s.stress is not None]
+    if known:
+        pairs["stress component (GPa)"] = (
+            [v / ase.units.GPa for s, _ in known for v in s.stress.reshape(-1).tolist()],
+            [v / ase.units.GPa for _, p in known for v in p["stress"].reshape(-1).tolist()],
         )
     return pairs

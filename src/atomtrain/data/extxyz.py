@@ -102,7 +102,7 @@ def file_format(path: Path) -> str:
     return name if known is not None and known.can_read else "extxyz"
 
 
-def _read_frames(path: Path) -> list[ase.Atoms]:
+def read_frames(path: Path) -> list[ase.Atoms]:
     if not path.exists():
         raise DataError(f"{path}: data file not found; check the path in the options")
     kind = file_format(path)
@@ -254,7 +254,7 @@ def read_structures(
     path = Path(path)
     keys = keys or TargetKeys()
     reader = _FrameReader(path, keys, units or Units())
-    frames = _read_frames(path)
+    frames = read_frames(path)
     first = frames[0]
     forces = keys.read_forces
     if forces is None:

@@ -587,7 +587,9 @@ def check_same_parameters(context: Context, model: torch.nn.Module, step: int) -
         )
 
 
-def metrics_table(results: dict[str, dict[str, float]]) -> str:
+def metrics_table(
+    results: dict[str, dict[str, float]], title: str = "metrics of the best model"
+) -> str:
     """Final metrics, one row per set: RMSE and MAE per target, energies in meV."""
     columns = [
         ("energy_per_atom_rmse", "E/atom RMSE", 1e3),
@@ -602,7 +604,7 @@ def metrics_table(results: dict[str, dict[str, float]]) -> str:
     present = [c for c in columns if any(c[0] in metrics for metrics in results.values())]
     width = max(12, *(len(name) + 2 for name in results))
     header = f"{'set':<{width}}" + "".join(f"{label:>14}" for _, label, _ in present)
-    lines = ["metrics of the best model (meV, meV/atom, meV/A, meV/A^3):", header]
+    lines = [f"{title} (meV, meV/atom, meV/A, meV/A^3):", header]
     for name, metrics in results.items():
         cells = "".join(
             f"{metrics[key] * factor:>14.4f}" if key in metrics else f"{'-':>14}"
