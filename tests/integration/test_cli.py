@@ -57,6 +57,24 @@ def test_run_writes_the_expected_outputs(trained):
     assert run.parent.name.count("-") == 2 and run.name.count("-") == 2  # date / time
 
 
+def test_every_output_file_has_the_mode_the_umask_gives(trained):
+    from atomtrain.io import process_umask
+
+    directory, run = trained
+    expected = 0o666 & ~process_umask()
+    for path in [*run.iterdir(), directory / "exported.pt"]:
+        assert path.stat().st_mode & 0o777 == expected, path.name
+
+
+def test_learning_curves_are_panels_in_rows_of_three(trained):
+    import matplotlib.image
+
+    _, run = trained
+    height, width = matplotlib.image.imread(run / "learning_curves.png").shape[:2]
+    # ethanol: energy per atom, energy and forces, one row of three 450 x 350 panels
+    assert (width, height) == (1350, 350)
+
+
 def test_csv_has_one_row_per_logged_epoch(trained):
     _, run = trained
     with (run / "train.csv").open() as stream:
@@ -531,6 +549,11 @@ def test_the_options_file_metatrain_writes_trains(tmp_path, capsys):
     ]
     log = (run / "train.log").read_text()
     assert "S RMSE" in log
+    import matplotlib.image
+
+    # five curves (energy per atom, energy, forces, stress, virial): two rows of three
+    curves = matplotlib.image.imread(run / "learning_curves.png")
+    assert curves.shape[:2] == (700, 1350)
 
 
 def test_help_and_version():

@@ -11,7 +11,6 @@ from pathlib import Path
 import yaml
 
 from ..io import atomic_write
-from .metrics import METRICS
 
 LOGGER_NAME = "atomtrain"
 
@@ -101,7 +100,21 @@ def append_csv(path: Path, row: dict[str, float | int | str]) -> None:
         writer.writerow(row)
 
 
+# how each RMSE curve is labelled and scaled (train.csv holds eV-based values; the log
+# and the final table speak meV)
+CURVE_LABELS = {
+    "energy_per_atom_rmse": ("energy per atom RMSE", "meV/atom"),
+    "energy_rmse": ("energy RMSE", "meV"),
+    "forces_rmse": ("force RMSE", "meV/A"),
+    "stress_rmse": ("stress RMSE", "meV/A^3"),
+    "virial_per_atom_rmse": ("virial per atom RMSE", "meV/atom"),
+}
+PANELS_PER_ROW = 3
+
+
 def plot_learning_curves(csv_path: Path, png_path: Path) -> None:
+    """Train and validation RMSE of each target against epochs, in meV units, at most
+    three panels a row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,22 +126,27 @@ def plot_learning_curves(csv_path: Path, png_path: Path) -> None:
         return
     epochs = [int(row["epoch"]) for row in rows]
     # the whole sets' RMSE curves (not each file's share, which train.csv also holds)
-    targets = sorted(
+    targets = [
         target
-        for target in METRICS
-        if target.endswith("_rmse") and {f"train_{target}", f"validation_{target}"} & set(rows[0])
-    )
-    figure, axes = plt.subplots(1, max(len(targets), 1), figsize=(4.5 * max(len(targets), 1), 3.5))
-    axes = axes if hasattr(axes, "__len__") else [axes]
-    for axis, target in zip(axes, targets):
+        for target in CURVE_LABELS
+        if {f"train_{target}", f"validation_{target}"} & set(rows[0])
+    ]
+    count = max(len(targets), 1)
+    columns = min(count, PANELS_PER_ROW)
+    lines = -(-count // columns)
+    figure, axes = plt.subplots(lines, columns, figsize=(4.5 * columns, 3.5 * lines), squeeze=False)
+    for axis, target in zip(axes.flat, targets):
+        name, unit = CURVE_LABELS[target]
         for split in ("train", "validation"):
             column = f"{split}_{target}"
             if column in rows[0] and rows[0][column] != "":
-                axis.plot(epochs, [float(row[column]) for row in rows], label=split)
+                axis.plot(epochs, [1e3 * float(row[column]) for row in rows], label=split)
         axis.set_xlabel("epoch")
-        axis.set_ylabel(target.replace("_", " "))
+        axis.set_ylabel(f"{name} ({unit})")
         axis.set_yscale("log")
         axis.legend()
+    for axis in list(axes.flat)[len(targets) :]:
+        axis.set_visible(False)
     figure.tight_layout()
     figure.savefig(png_path, dpi=100)
     plt.close(figure)
