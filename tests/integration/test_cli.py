@@ -465,6 +465,42 @@ def test_finetuning_starts_from_the_best_model_of_a_run(tmp_path, trained, start
         torch.testing.assert_close(weights[name], value, rtol=0.0, atol=1e-9)
 
 
+@pytest.mark.parametrize("start", ["best.ckpt", "model.pt"])
+def test_finetuning_fits_what_a_one_composition_pretraining_left_open(tmp_path, trained, start):
+    """Pretrained on ethanol alone (one composition), the split of the baseline between
+    H, C and O is arbitrary; fine-tuning on other molecules fits that part to their
+    energies before training, and leaves ethanol's baseline energy as it was."""
+    _, run = trained
+    assert "fix the per-element energies along 1 of 3" in (run / "train.log").read_text()
+    frames = [
+        frame
+        for frame in ase.io.read(RESOURCES / "qm9_reduced_100.xyz", ":")
+        if set(frame.numbers) <= {1, 6, 8}
+    ]
+    ase.io.write(tmp_path / "others.xyz", frames, format="extxyz")
+    options = finetune_options(tmp_path, run / start, "others.xyz", learning_rate=1e-12)
+    content = yaml.safe_load(options.read_text())
+    content["training_set"] = {
+        "systems": "others.xyz",
+        "targets": {"energy": {"key": "U0", "unit": "hartree"}},
+    }
+    options.write_text(yaml.safe_dump(content))
+    assert train(tmp_path, options) == 0
+    (finetuned,) = run_directories(tmp_path / "outputs")
+    assert "undetermined: fitted to this data" in (finetuned / "train.log").read_text()
+    before = checkpoint_weights(run / "best.ckpt")["baseline"]
+    after = torch.load(finetuned / "last.ckpt", weights_only=True)["model_state"]["baseline"]
+    ethanol = torch.tensor([6.0, 2.0, 1.0], dtype=torch.float64)  # H, C, O
+    assert float(ethanol @ after) == pytest.approx(float(ethanol @ before), abs=1e-8)
+    counts = torch.tensor(
+        [[(frame.numbers == z).sum() for z in (1, 6, 8)] for frame in frames], dtype=torch.float64
+    )
+    energies = torch.tensor([frame.info["U0"] * 27.211386245988 for frame in frames])
+    error_before = float(((counts @ before - energies) / counts.sum(1)).abs().mean())
+    error_after = float(((counts @ after - energies) / counts.sum(1)).abs().mean())
+    assert error_after < 0.01 * error_before  # tens of eV per atom before, not after
+
+
 @pytest.mark.parametrize(
     "case, fragments",
     [

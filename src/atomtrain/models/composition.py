@@ -43,3 +43,19 @@ def solve_baseline(gram: torch.Tensor, moment: torch.Tensor) -> torch.Tensor:
     # directions the data cannot tell apart (collinear compositions) must be cut, not
     # inverted from rounding noise: hence a relative tolerance well above float64's
     return torch.linalg.pinv(gram, hermitian=True, rtol=1e-10) @ moment
+
+
+def determined_directions(gram: torch.Tensor, rtol: float = 1e-10) -> torch.Tensor:
+    """Orthonormal rows spanning the compositions behind ``gram`` (X^T X): along them the
+    data fixes the per-element energies; along the others any value fits it equally."""
+    values, vectors = torch.linalg.eigh(gram.to(torch.float64))
+    if values.numel() == 0 or float(values.max()) <= 0:
+        return torch.zeros((0, gram.shape[0]), dtype=torch.float64)
+    return vectors[:, values > rtol * values.max()].T.contiguous()
+
+
+def undetermined_directions(span: torch.Tensor, n_elements: int) -> torch.Tensor:
+    """Orthonormal columns completing the rows of ``span`` to all of R^n_elements."""
+    projector = torch.eye(n_elements, dtype=torch.float64) - span.T @ span
+    values, vectors = torch.linalg.eigh(projector)
+    return vectors[:, values > 0.5].contiguous()

@@ -21,6 +21,8 @@ from ..io import atomic_write
 # the model's hyperparameters, stored beside the TorchScript code (which does not keep
 # them) so that an exported model can be fine-tuned
 HYPERS_FILE = "atomtrain_hypers.json"
+# the composition directions the baseline was fitted along (see SoapBpnn.baseline_span)
+BASELINE_SPAN_FILE = "atomtrain_baseline_span.json"
 
 
 def export(model: torch.nn.Module, path: str | Path) -> None:
@@ -32,7 +34,10 @@ def export(model: torch.nn.Module, path: str | Path) -> None:
         # Python code; the warning is not actionable for users
         warnings.simplefilter("ignore", DeprecationWarning)
         scripted = torch.jit.script(exported)
-        extra = {HYPERS_FILE: json.dumps(getattr(model, "hypers", {}))}
+        extra = {
+            HYPERS_FILE: json.dumps(getattr(model, "hypers", {})),
+            BASELINE_SPAN_FILE: json.dumps(getattr(model, "baseline_span", None)),
+        }
         atomic_write(
             path, lambda stream: torch.jit.save(scripted, stream, _extra_files=extra), what="model"
         )

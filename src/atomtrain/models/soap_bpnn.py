@@ -36,7 +36,9 @@ def mirrored_half(
 class SoapBpnn(torch.nn.Module):
     """Energy model E = scale * sum_i NN_{Z_i}(SOAP_i) + sum_i baseline_{Z_i}."""
 
-    __jit_ignored_attributes__ = ["hypers"]
+    # baseline_span: the composition directions the training data determined the
+    # baseline along (rows), None when unknown; kept for fine-tuning, not for TorchScript
+    __jit_ignored_attributes__ = ["hypers", "baseline_span"]
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class SoapBpnn(torch.nn.Module):
             "energy_unit": energy_unit,
         }
         self.atomic_types = atomic_types
+        self.baseline_span: list[list[float]] | None = None
         self.cutoff = float(cutoff)
         self.length_unit = length_unit
         self.energy_unit = energy_unit

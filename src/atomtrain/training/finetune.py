@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import AtomtrainError, OptionsError
-from ..models.export import HYPERS_FILE, load_exported
+from ..models.export import BASELINE_SPAN_FILE, HYPERS_FILE, load_exported
 from ..models.soap_bpnn import SoapBpnn
 from ..options import Options
 from .checkpoint import best_model
@@ -21,7 +21,7 @@ def pretrained_model(path: str) -> SoapBpnn:
     with the hyperparameters that export stores beside its code."""
     if Path(path).suffix == ".ckpt":
         return best_model(path)
-    extra = {HYPERS_FILE: ""}
+    extra = {HYPERS_FILE: "", BASELINE_SPAN_FILE: ""}
     exported = load_exported(path, extra=extra)
     if not extra[HYPERS_FILE]:
         raise AtomtrainError(
@@ -35,6 +35,7 @@ def pretrained_model(path: str) -> SoapBpnn:
     model.load_state_dict(
         {name: value for name, value in exported.state_dict().items() if name in saved}
     )
+    model.baseline_span = json.loads(extra[BASELINE_SPAN_FILE] or "null")
     return model
 
 
