@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shutil
 import subprocess
 import sys
 
@@ -463,6 +464,22 @@ def test_finetuning_starts_from_the_best_model_of_a_run(tmp_path, trained, start
     weights = torch.load(finetuned / "last.ckpt", weights_only=True)["model_state"]
     for name, value in pretrained.items():
         torch.testing.assert_close(weights[name], value, rtol=0.0, atol=1e-9)
+
+
+def test_finetuning_learning_rate_is_a_tenth_unless_set(tmp_path, trained):
+    _, run = trained
+    ase.io.write(tmp_path / "new.xyz", ase.io.read(ETHANOL, ":20"), format="extxyz")
+    for given, expected in ((None, 1e-4), (0.002, 0.002)):
+        directory = tmp_path / str(given)
+        directory.mkdir()
+        shutil.copy(tmp_path / "new.xyz", directory)
+        training = {} if given is None else {"learning_rate": given}
+        options = finetune_options(directory, run / "best.ckpt", "new.xyz", **training)
+        assert train(directory, options) == 0
+        (finetuned,) = run_directories(directory / "outputs")
+        record = yaml.safe_load((finetuned / "options.yaml").read_text())
+        assert record["architecture"]["training"]["learning_rate"] == expected
+        assert f"at learning rate {expected:g}" in (finetuned / "train.log").read_text()
 
 
 @pytest.mark.parametrize("start", ["best.ckpt", "model.pt"])

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from ..errors import AtomtrainError, OptionsError
 from ..models.export import BASELINE_SPAN_FILE, HYPERS_FILE, load_exported
 from ..models.soap_bpnn import SoapBpnn
-from ..options import Options
+from ..options import FINETUNE_LEARNING_RATE, Options
 from .checkpoint import best_model
 from .loop import model_options_of
 
@@ -89,4 +89,6 @@ def adopt_pretrained(options: Options, source: str) -> SoapBpnn | None:
         )
     architecture.model = pretrained
     architecture.atomic_types = list(hypers["atomic_types"])
+    if "learning_rate" not in architecture.training.model_fields_set:
+        architecture.training.learning_rate = FINETUNE_LEARNING_RATE
     return model

@@ -33,7 +33,7 @@ from ..models.composition import (
 )
 from ..models.export import export
 from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
-from ..options import ModelOptions, Options, TrainingOptions, expanded
+from ..options import FINETUNE_LEARNING_RATE, ModelOptions, Options, TrainingOptions, expanded
 from .checkpoint import model_from_checkpoint, save_checkpoint
 from .datasets import Datasets, elements, file_labels, load_datasets
 from .evaluation import metric_sums, predict
@@ -348,8 +348,10 @@ class Trainer:
             finetune = self.training_options.finetune
             assert finetune is not None
             logger.info(
-                f"fine-tuning the best model of {finetune.read_from} (all parameters); "
-                "its per-element energy baseline and target scale are kept"
+                f"fine-tuning the best model of {finetune.read_from} (all parameters) at "
+                f"learning rate {self.training_options.learning_rate:g} (fine-tuning's default "
+                f"when unset: {FINETUNE_LEARNING_RATE:g}); its per-element energy baseline "
+                "and target scale are kept"
             )
             refit_undetermined_baseline(self.model, training, context)
         else:
