@@ -19,13 +19,15 @@ class Calculator(AseCalculator):
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
 
     def __init__(self, model_path: str, device: str = "cpu", threads: int | None = 1, **kwargs):
-        """``threads``: torch threads during a call (None: leave torch's setting). One
-        thread is the default because it was the fastest measured on CPU for 9 to 1,701
-        atoms on an idle machine, and beside another job several threads were 3.6x
-        slower (docs/performance.md, "A busy machine"); other torch code in the same
-        process keeps its own setting."""
+        """``threads``: torch's threads in this process (``torch.set_num_threads``, set
+        once here), or None to leave torch's setting. One thread is the default: it was
+        the fastest measured on CPU from 9 to 1,701 atoms on an idle machine, and beside
+        another job several threads were up to 3.6x slower (docs/performance.md, "A busy
+        machine"). Changing the count around every call instead cost more than it saved
+        on a busy machine (torch resizes a thread pool each time)."""
         super().__init__(**kwargs)
-        self.threads = threads
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.device = torch.device(device)
         self.model = load_exported(model_path, self.device)
         self.dtype = next(self.model.parameters()).dtype
@@ -34,16 +36,6 @@ class Calculator(AseCalculator):
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)
-        previous = torch.get_num_threads()
-        if self.threads is not None and self.threads != previous:
-            torch.set_num_threads(self.threads)
-        try:
-            self.compute()
-        finally:
-            if torch.get_num_threads() != previous:
-                torch.set_num_threads(previous)
-
-    def compute(self) -> None:
         atoms = self.atoms
         unknown = sorted(set(int(z) for z in atoms.numbers) - self.atomic_types)
         if unknown:

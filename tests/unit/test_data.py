@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import ase.io
 import ase.units
 import numpy as np
@@ -185,3 +187,29 @@ def test_other_formats_ase_reads_give_the_same_structures(tmp_path, suffix):
         assert read.energy == pytest.approx(reference.energy, rel=1e-12)
         assert torch.allclose(read.forces, reference.forces)
         assert torch.allclose(read.positions, reference.positions)
+
+
+def test_atoms_closer_than_a_bond_train_with_a_note_and_on_top_of_each_other_are_refused(
+    tmp_path,
+):
+    frames = ase.io.read(RESOURCES / "si_test.xyz", ":4")
+    # periodic images count: atom 5 moved onto the image of atom 2 across the cell
+    frames[2].positions[5] = frames[2].positions[2] + frames[2].cell[0] + [0.3, 0.0, 0.0]
+    ase.io.write(tmp_path / "close.xyz", frames)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    reader_logger = logging.getLogger("atomtrain.data.extxyz")
+    reader_logger.addHandler(handler)
+    try:
+        structures = read_structures(tmp_path / "close.xyz")
+    finally:
+        reader_logger.removeHandler(handler)
+    assert len(structures) == 4
+    (note,) = [record.getMessage() for record in records]
+    assert "1 structure(s) have atoms closer than 0.5 A" in note
+    assert "frame 2, atoms 2 and 5, 0.3 A apart" in note
+    frames[1].positions[7] = frames[1].positions[3]
+    ase.io.write(tmp_path / "overlap.xyz", frames)
+    with pytest.raises(DataError, match=r"overlap.xyz, frame 1: atoms 3 and 7 are 0 A apart"):
+        read_structures(tmp_path / "overlap.xyz")

@@ -330,6 +330,7 @@ class Trainer:
         self.loss_options = self.training_options.loss
         self.dtype = training_dtype(options)
         self.datasets: Datasets = load_datasets(options, seed)
+        self.adapt_threads()  # reading may have taken long enough to tell
         training = self.datasets.training
         self.validation_files = labelled_files(self.datasets.files["validation"])
         with_forces, with_stress = targets_given(training)
@@ -498,6 +499,7 @@ class Trainer:
         return [torch.stack(values).sum(0), *values]
 
     def evaluate(self, structures: list[Structure]) -> torch.Tensor:
+        self.adapt_threads()
         return metric_sums(
             self.model,
             structures,
