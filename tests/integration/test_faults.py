@@ -383,8 +383,8 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
     target = tmp_path / "last.ckpt"
     target.write_text("good")
 
-    def crash(path):
-        path.write_text("partial")
+    def crash(stream):
+        stream.write(b"partial")
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
