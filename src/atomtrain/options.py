@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -330,21 +331,29 @@ class ArchitectureOptions(Strict):
         return value.removeprefix("experimental.")
 
 
+def _known_unit(kind: str) -> AfterValidator:
+    """A check that a unit is a known ``kind`` unit, with the closest one named."""
+
+    def check(value: str) -> str:
+        problem = unit_problem(value, kind)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    return AfterValidator(check)
+
+
+LengthUnit = Annotated[str, _known_unit("length")]
+EnergyUnit = Annotated[str, _known_unit("energy")]
+
+
 class SystemsOptions(Strict):
     read_from: str
     """File with the structures: extended XYZ, or any format ASE reads with energies and
     forces (trajectory, database, VASP output, ...), told apart by ASE from its name and
     content. Relative paths are relative to the options file."""
-    length_unit: str = "angstrom"
+    length_unit: LengthUnit = "angstrom"
     """Unit of positions and cell: angstrom, bohr or nm."""
-
-    @field_validator("length_unit")
-    @classmethod
-    def _known_length_unit(cls, value: str) -> str:
-        problem = unit_problem(value, "length")
-        if problem:
-            raise ValueError(problem)
-        return value
 
     reader: Literal["ase"] | None = None
     """Reader library (only ASE is supported; accepted for metatrain compatibility)."""
@@ -364,7 +373,7 @@ class GradientOptions(Strict):
 class EnergyTargetOptions(Strict):
     key: str = "energy"
     """Key of the energy in the file (info, or ASE calculator results)."""
-    unit: str = "eV"
+    unit: EnergyUnit = "eV"
     """Energy unit in the file: eV, meV, hartree, Ry, kcal/mol or kJ/mol. Forces and
     stress use this unit over the length unit."""
     forces: bool | str | GradientOptions | None = None
@@ -391,14 +400,6 @@ class EnergyTargetOptions(Strict):
     """metatrain's number of sub-targets (one energy)."""
     description: str = ""
     """metatrain's free-text description of the target."""
-
-    @field_validator("unit")
-    @classmethod
-    def _known_energy_unit(cls, value: str) -> str:
-        problem = unit_problem(value, "energy")
-        if problem:
-            raise ValueError(problem)
-        return value
 
     def file_holders(self) -> list[EnergyTargetOptions | GradientOptions]:
         """This target and its gradients given as mappings: those that may name a file

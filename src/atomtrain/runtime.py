@@ -111,7 +111,7 @@ class BusyCores:
         cores: set[int],
         threads: int,
         user_fixed: bool,
-        interval: float = 1.0,
+        interval: float = 0.5,
         clock=time.monotonic,
         core_ticks=read_core_ticks,
         own_ticks=read_own_ticks,

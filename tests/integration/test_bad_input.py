@@ -256,6 +256,14 @@ def train_options(directory, **changes):
     return write_options(directory, ETHANOL, **changes)
 
 
+def train_argv(directory, *extra, data=ETHANOL, finetune_from=None, **changes):
+    """``atomtrain train`` of a small options file, runs under ``directory/o``."""
+    if finetune_from is not None:
+        changes["architecture__training__finetune"] = {"read_from": str(finetune_from)}
+    options = write_options(directory, data, **changes)
+    return ["train", options, "--outputs", directory / "o", *extra]
+
+
 # (case, command builder (directory, model.pt, best.ckpt) -> argv, fragments of the line)
 CASES = [
     (
@@ -270,7 +278,7 @@ CASES = [
     ),
     (
         "train: two atoms at the same position",
-        lambda d, pt, ckpt: ["train", write_options(d, same_atom_twice(d)), "--outputs", d / "o"],
+        lambda d, pt, ckpt: train_argv(d, data=same_atom_twice(d)),
         ["overlap.xyz, frame 3", "atoms 1 and 2", "0 A apart"],
     ),
     (
@@ -285,10 +293,7 @@ CASES = [
     ),
     (
         "train: read-only -o",
-        lambda d, pt, ckpt: [
-            *["train", train_options(d), "--outputs", d / "o"],
-            *["-o", read_only(d) / "model.pt"],
-        ],
+        lambda d, pt, ckpt: train_argv(d, "-o", read_only(d) / "model.pt"),
         ["model.pt", "not writable"],
     ),
     (
@@ -298,12 +303,12 @@ CASES = [
     ),
     (
         "train: --nproc 0",
-        lambda d, pt, ckpt: ["train", train_options(d), "--nproc", "0", "--outputs", d / "o"],
+        lambda d, pt, ckpt: train_argv(d, "--nproc", "0"),
         ["--nproc 0", "positive number"],
     ),
     (
         "train: --nproc -1",
-        lambda d, pt, ckpt: ["train", train_options(d), "--nproc", "-1", "--outputs", d / "o"],
+        lambda d, pt, ckpt: train_argv(d, "--nproc", "-1"),
         ["--nproc -1", "positive number"],
     ),
     (
@@ -318,13 +323,7 @@ CASES = [
     ),
     (
         "fine-tune: a TorchScript module that is not an atomtrain model",
-        lambda d, pt, ckpt: [
-            "train",
-            train_options(
-                d, architecture__training__finetune={"read_from": str(non_atomtrain_torchscript(d))}
-            ),
-            *["--outputs", d / "o"],
-        ],
+        lambda d, pt, ckpt: train_argv(d, finetune_from=non_atomtrain_torchscript(d)),
         ["linear.pt", "not an atomtrain model"],
     ),
     (
@@ -339,13 +338,7 @@ CASES = [
     ),
     (
         "fine-tune: a metatrain checkpoint",
-        lambda d, pt, ckpt: [
-            "train",
-            train_options(
-                d, architecture__training__finetune={"read_from": str(METATRAIN / "model.ckpt")}
-            ),
-            *["--outputs", d / "o"],
-        ],
+        lambda d, pt, ckpt: train_argv(d, finetune_from=METATRAIN / "model.ckpt"),
         ["model.ckpt", "metatrain checkpoint"],
     ),
     (
@@ -360,32 +353,21 @@ CASES = [
     ),
     (
         "train: -r with an unknown key",
-        lambda d, pt, ckpt: [
-            *["train", train_options(d), "--outputs", d / "o"],
-            *["-r", "architecture.model.bogus=1"],
-        ],
+        lambda d, pt, ckpt: train_argv(d, "-r", "architecture.model.bogus=1"),
         ["-r architecture.model.bogus=1", "unknown key 'architecture.model.bogus'"],
     ),
     (
         "train: unknown energy unit",
-        lambda d, pt, ckpt: [
-            "train",
-            train_options(
-                d, training_set={"systems": str(ETHANOL), "targets": {"energy": {"unit": "eVs"}}}
-            ),
-            *["--outputs", d / "o"],
-        ],
+        lambda d, pt, ckpt: train_argv(
+            d, training_set={"systems": str(ETHANOL), "targets": {"energy": {"unit": "eVs"}}}
+        ),
         ["options.yaml", "training_set.targets.energy.unit", "'eVs'", "did you mean 'ev'"],
     ),
     (
         "train: unknown length unit",
-        lambda d, pt, ckpt: [
-            "train",
-            train_options(
-                d, training_set={"systems": {"read_from": str(ETHANOL), "length_unit": "angstroms"}}
-            ),
-            *["--outputs", d / "o"],
-        ],
+        lambda d, pt, ckpt: train_argv(
+            d, training_set={"systems": {"read_from": str(ETHANOL), "length_unit": "angstroms"}}
+        ),
         ["training_set.systems.length_unit", "'angstroms'", "did you mean 'angstrom'"],
     ),
     (
@@ -398,11 +380,7 @@ CASES = [
     ),
     (
         "train: a missing data file",
-        lambda d, pt, ckpt: [
-            "train",
-            write_options(d, d / "absent.xyz"),
-            *["--outputs", d / "o"],
-        ],
+        lambda d, pt, ckpt: train_argv(d, data=d / "absent.xyz"),
         ["absent.xyz", "data file not found"],
     ),
 ]

@@ -85,6 +85,18 @@ def start_ranks(command, world_size=2, **extra):
     return processes
 
 
+def resume_auto(options, run_dir) -> None:
+    """``--restart auto`` in one process, which must finish the run."""
+    resumed = subprocess.run(
+        train_command(options, run_dir, "--restart", "auto"),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+
+
 def wait_for_epochs(run_dir: Path, epochs: int, processes, limit=120.0):
     """Wait until train.csv has ``epochs`` rows (training is under way)."""
     deadline = time.monotonic() + limit
@@ -157,14 +169,7 @@ def test_signal_on_one_rank_stops_both_and_resume_with_one_process(tmp_path, ref
     stopped = torch.load(run_dir / "last.ckpt", weights_only=True)
     assert stopped["epoch"] < EPOCHS
     # resume with a single process: the same model as the uninterrupted run
-    resumed = subprocess.run(
-        train_command(options, run_dir, "--restart", "auto"),
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    resume_auto(options, run_dir)
     assert_same_model(final_state(run_dir), reference)
 
 
@@ -422,14 +427,7 @@ def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_pat
     process.kill()
     process.wait()
     assert torch.load(run_dir / "last.ckpt", weights_only=True)["epoch"] == 1
-    resumed = subprocess.run(
-        train_command(options, run_dir, "--restart", "auto"),
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    resume_auto(options, run_dir)
     log = (run_dir / "train.log").read_text()
     assert "resuming after epoch 1" in log
     assert torch.load(run_dir / "last.ckpt", weights_only=True)["epoch"] == EPOCHS

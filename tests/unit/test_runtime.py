@@ -50,6 +50,7 @@ def watcher(machine: FakeMachine, threads: int = 2, user_fixed: bool = False):
         {0, 1},
         threads,
         user_fixed,
+        interval=1.0,
         clock=lambda: machine.now,
         core_ticks=lambda cores: machine.core_busy,
         own_ticks=lambda: machine.own,
