@@ -351,7 +351,8 @@ class SystemsOptions(Strict):
     read_from: str
     """File with the structures: extended XYZ, or any format ASE reads with energies and
     forces (trajectory, database, VASP output, ...), told apart by ASE from its name and
-    content. Relative paths are relative to the options file."""
+    content; or a directory in metatrain's memory-mapped layout (ns.npy, na.npy, x.bin,
+    a.bin, c.bin, <key>.bin). Relative paths are relative to the options file."""
     length_unit: LengthUnit = "angstrom"
     """Unit of positions and cell: angstrom, bohr or nm."""
 

@@ -91,11 +91,13 @@ def check_elements(
             )
 
 
-def write_predictions(path: Path, sources: list[str], predictions: list[dict]) -> None:
+def write_predictions(
+    path: Path, files: list[tuple[str, list[Structure]]], predictions: list[dict]
+) -> None:
     """The reference frames as they are in their files (every key kept), with the
     predictions beside them: ``predicted_energy`` (eV) and ``predicted_stress`` (eV/A^3,
     Voigt order, ASE's sign) in the info, ``predicted_forces`` (eV/A) per atom."""
-    frames = [atoms for source in sources for atoms in read_frames(Path(source))]
+    frames = [atoms for source, structures in files for atoms in frames_of(source, structures)]
     for atoms, predicted in zip(frames, predictions):
         atoms.info["predicted_energy"] = predicted["energy"]
         atoms.arrays["predicted_forces"] = predicted["forces"]
@@ -107,6 +109,29 @@ def write_predictions(path: Path, sources: list[str], predictions: list[dict]) -
         binary=False,
         what="predictions",
     )
+
+
+def frames_of(source: str, structures: list[Structure]) -> list[ase.Atoms]:
+    """The frames of a data file as ASE reads them; for a memmap directory, which ASE
+    cannot read, the structures with their reference values (angstrom, eV)."""
+    if not Path(source).is_dir():
+        return read_frames(Path(source))
+    frames = []
+    for structure in structures:
+        atoms = ase.Atoms(
+            numbers=structure.atomic_numbers.numpy(),
+            positions=structure.positions.numpy(),
+            cell=structure.cell.numpy(),
+            pbc=structure.pbc.numpy(),
+        )
+        if structure.energy is not None:
+            atoms.info["energy"] = structure.energy
+        if structure.forces is not None:
+            atoms.arrays["forces"] = structure.forces.numpy()
+        if structure.stress is not None:
+            atoms.info["stress"] = structure.stress.numpy().reshape(9)[VOIGT]
+        frames.append(atoms)
+    return frames
 
 
 # the 3x3 stress as ASE's Voigt vector: xx, yy, zz, yz, xz, xy
@@ -192,7 +217,7 @@ def run(arguments: argparse.Namespace) -> int:
         predictions += part_predictions
         total += sums  # error sums add up: the whole set's metrics are exact
         per_file[f"  {name}"] = finalize(sums)
-    write_predictions(arguments.output, [path for path, _ in files], predictions)
+    write_predictions(arguments.output, files, predictions)
     metrics = finalize(total)
     if metrics:
         # one file: its own name; several: the description's, with a row per file

@@ -117,7 +117,7 @@ def read_frames(path: Path) -> list[ase.Atoms]:
     return frames
 
 
-class _FrameReader:
+class FrameReader:
     def __init__(self, path: Path, keys: TargetKeys, units: Units):
         self.path = path
         self.keys = keys
@@ -253,7 +253,11 @@ def read_structures(
     """
     path = Path(path)
     keys = keys or TargetKeys()
-    reader = _FrameReader(path, keys, units or Units())
+    if path.is_dir():  # metatrain's memory-mapped layout
+        from .memmap import read_directory
+
+        return read_directory(path, keys, units or Units())
+    reader = FrameReader(path, keys, units or Units())
     frames = read_frames(path)
     first = frames[0]
     forces = keys.read_forces
