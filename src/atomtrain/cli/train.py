@@ -17,6 +17,7 @@ import torch
 from ..distributed import single_process
 from ..distributed.context import check_gpus_per_host, device_type, initialize
 from ..distributed.env import LaunchInfo, detect_launch
+from ..distributed.faults import PeerFailure
 from ..distributed.launch import launch_workers
 from ..errors import AtomtrainError, OptionsError
 from ..io import check_writable_directory
@@ -287,8 +288,8 @@ def run(arguments: argparse.Namespace) -> int:
         failed = True
         logger.debug("stopping on error", exc_info=True)
         context.fail(error)
-        if isinstance(error, AtomtrainError):  # the console has the whole story
-            discard_unstarted(new_directory, arguments.outputs)
+        if isinstance(error, AtomtrainError) and not isinstance(error, PeerFailure):
+            discard_unstarted(new_directory, arguments.outputs)  # the console says it all
         raise
     finally:
         if not failed:
@@ -300,10 +301,10 @@ def run(arguments: argparse.Namespace) -> int:
 
 
 def discard_unstarted(directory: Path | None, outputs: Path) -> None:
-    """Remove the directory of a run that failed on bad input before its first
-    checkpoint: what it holds (a log, the options) describes a run that never was, and
-    an empty date directory above it goes too. A directory with a checkpoint stays."""
-    if directory is None or any(directory.glob("*.ckpt")):
+    """Remove the directory of a run that failed on bad input before it trained: what it
+    holds (a log, the options) describes a run that never was, and an empty date
+    directory above it goes too. A directory with a checkpoint or logged epochs stays."""
+    if directory is None or any(directory.glob("*.ckpt")) or (directory / "train.csv").exists():
         return
     close_logging()
     shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,125 @@
+"""The per-element energy baseline and target scale of a model, from the training data:
+each rank adds up its shard's normal equations, one all-reduce, the same solve on every
+rank (see models/composition.py)."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from ..data.sampler import shard
+from ..data.system import Structure
+from ..distributed import Context
+from ..models.composition import (
+    composition_counts,
+    determined_directions,
+    normal_equation_sums,
+    solve_baseline,
+    undetermined_directions,
+)
+from ..models.soap_bpnn import SoapBpnn
+from ..options import Options
+from .outputs import LOGGER_NAME
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+def local_compositions(
+    structures: list[Structure], context: Context, atomic_types: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(element counts [n, n_elements], energies [n]) of this rank's shard of
+    ``structures``, in float64."""
+    local = [
+        structures[index]
+        for index in shard(list(range(len(structures))), context.rank, context.world_size)
+    ]
+    energies = torch.tensor([s.energy for s in local], dtype=torch.float64)
+    numbers = (
+        torch.cat([s.atomic_numbers for s in local]) if local else torch.zeros(0, dtype=torch.long)
+    )
+    system_index = torch.repeat_interleave(
+        torch.arange(len(local)), torch.tensor([s.n_atoms for s in local], dtype=torch.long)
+    )
+    return composition_counts(numbers, system_index, len(local), atomic_types), energies
+
+
+def fit_baseline(
+    model: SoapBpnn, training: list[Structure], options: Options, context: Context
+) -> None:
+    """Per-element energies by least squares and the target scale, from all training
+    structures: each rank adds up its shard, one all-reduce, the same solve everywhere."""
+    types = model.atomic_types
+    fixed = {int(z): float(e) for z, e in options.architecture.training.atomic_baseline.items()}
+    counts, energies = local_compositions(training, context, types)
+    fixed_vector = torch.tensor([fixed.get(z, 0.0) for z in types], dtype=torch.float64)
+    free = torch.tensor([z not in fixed for z in types])
+    residual = energies - counts @ fixed_vector
+    gram, moment = normal_equation_sums(counts[:, free], residual)
+    every, _ = normal_equation_sums(counts, residual)
+    packed = context.all_reduce_sum(torch.cat([gram.reshape(-1), moment, every.reshape(-1)]))
+    n_free, n_types = int(free.sum()), len(types)
+    baseline = fixed_vector.clone()
+    if n_free:
+        baseline[free] = solve_baseline(
+            packed[: n_free * n_free].reshape(n_free, n_free),
+            packed[n_free * n_free : n_free * (n_free + 1)],
+        )
+    span = determined_directions(packed[n_free * (n_free + 1) :].reshape(n_types, n_types))
+    scale = 1.0
+    if options.architecture.training.scale_targets:
+        remainder = energies - counts @ baseline
+        spread = torch.stack([(remainder**2).sum(), counts.sum()])
+        spread = context.all_reduce_sum(spread)
+        if spread[0] > 0:
+            scale = math.sqrt(float(spread[0] / spread[1]))
+    model.set_baseline(baseline, scale)
+    model.baseline_span = span.tolist()
+    listing = ", ".join(f"Z={z}: {e:.6f} eV" for z, e in zip(types, baseline.tolist()))
+    logger.info(f"per-element energy baseline: {listing}; target scale {scale:.6g} eV")
+    fixed_count = n_types - n_free
+    if span.shape[0] < n_types and span.shape[0] + fixed_count < n_types:
+        logger.info(
+            f"the training compositions fix the per-element energies along {span.shape[0]} "
+            f"of {n_types} directions (e.g. every structure has the same composition): "
+            "the baseline above is the smallest that gives these compositions their mean "
+            "energy, and the split between elements is arbitrary. Training is unaffected (only "
+            "these compositions are seen); fine-tuning on other compositions fits the "
+            "undetermined part to its data before it starts"
+        )
+
+
+def refit_undetermined_baseline(
+    model: SoapBpnn, training: list[Structure], context: Context
+) -> None:
+    """Before fine-tuning: fit the part of the baseline that the pretraining data left
+    undetermined (baseline_span) to this run's data, leaving the energies of every
+    composition the pretraining saw unchanged. Nothing happens when the span is unknown
+    (an older model), complete, or when this data lies within it."""
+    if model.baseline_span is None:
+        return
+    types = model.atomic_types
+    span = torch.tensor(model.baseline_span, dtype=torch.float64).reshape(-1, len(types))
+    free = undetermined_directions(span, len(types))  # [n_elements, m]
+    if free.shape[1] == 0:
+        return
+    counts, energies = local_compositions(training, context, types)
+    baseline = model.baseline.detach().cpu().to(torch.float64)
+    along = counts @ free
+    gram, moment = normal_equation_sums(along, energies - counts @ baseline)
+    size = (counts**2).sum().reshape(1)  # the scale of the compositions, for rounding
+    packed = context.all_reduce_sum(torch.cat([gram.reshape(-1), moment, size]))
+    m = free.shape[1]
+    gram = packed[: m * m].reshape(m, m)
+    # compositions within the span reach the free directions by rounding only (~1e-30)
+    if float(torch.linalg.eigvalsh(gram).max()) <= 1e-10 * float(packed[-1]):
+        return
+    shift = free @ solve_baseline(gram, packed[m * m : m * m + m])
+    model.set_baseline(baseline + shift, float(model.scale))
+    model.baseline_span = determined_directions(span.T @ span + free @ gram @ free.T).tolist()
+    listing = ", ".join(f"Z={z}: {e:+.6f} eV" for z, e in zip(types, shift.tolist()))
+    logger.info(
+        "the pretrained baseline left these compositions undetermined: fitted to this "
+        f"data, leaving the pretraining compositions' energies as they were ({listing})"
+    )
