@@ -3,6 +3,10 @@ docs describe, trains and evaluates like the same data in an extended XYZ file."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import ase
 import ase.io
 import numpy as np
@@ -136,3 +140,27 @@ def test_a_broken_directory_is_named_in_one_line(tmp_path, capsys, case, fragmen
     assert str(directory) in error
     for fragment in fragments:
         assert fragment in error, (fragment, error)
+
+
+def test_nproc_2_on_a_directory_gives_the_single_process_model(tmp_path):
+    frames = ase.io.read(RESOURCES / "si_test.xyz", ":12")
+    directory = write_memmap(tmp_path / "silicon", frames, stress=True)
+    states = []
+    for extra in ([], ["--nproc", "2"]):
+        run = tmp_path / f"run{len(extra)}"
+        options = write_options(
+            tmp_path, directory, architecture__training__batch_size=4, test_set=0.0
+        )
+        command = [sys.executable, "-m", "atomtrain", "train", str(options), "--run-dir", str(run)]
+        environment = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "TORCHELASTIC"))
+        }
+        result = subprocess.run(
+            [*command, *extra], env=environment, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, result.stderr
+        states.append(torch.load(run / "last.ckpt", weights_only=True)["model_state"])
+    for name, value in states[0].items():
+        torch.testing.assert_close(states[1][name], value, rtol=1e-8, atol=1e-10)
