@@ -409,19 +409,27 @@ def wait_for_stall(marker: Path, process, limit=120.0) -> None:
         time.sleep(0.02)
 
 
+def stalled_in_second_checkpoint(options, run_dir, output):
+    """A training whose second write of last.ckpt (after epoch 2) has stopped after its
+    first 4 KiB (atomtrain.io's test hook): (process, the marker that holds it there)."""
+    process = subprocess.Popen(
+        train_command(options, run_dir),
+        env=environment(ATOMTRAIN_TEST_STALL_WRITE="last.ckpt:2"),
+        stdout=output,
+        stderr=output,
+        text=True,
+    )
+    marker = run_dir / "last.ckpt.stalled"
+    wait_for_stall(marker, process)
+    return process, marker
+
+
 def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_path):
     """The second write of last.ckpt (after epoch 2) stops after its first 4 KiB, the
     process is killed there, and --restart auto resumes from epoch 1's checkpoint."""
     options = options_in(tmp_path)
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        train_command(options, run_dir),
-        env=environment(ATOMTRAIN_TEST_STALL_WRITE="last.ckpt:2"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    marker = run_dir / "last.ckpt.stalled"
-    wait_for_stall(marker, process)
+    process, marker = stalled_in_second_checkpoint(options, run_dir, subprocess.DEVNULL)
     partial = list(run_dir.glob(".last.ckpt.*.tmp"))
     assert len(partial) == 1 and partial[0].stat().st_size >= 4096  # killed mid-write
     process.kill()
@@ -464,15 +472,7 @@ def fill(directory: Path, leave: int) -> None:
 def test_disk_full_while_checkpointing_is_named_and_keeps_the_last_checkpoint(tmp_path, small_disk):
     options = options_in(tmp_path)
     run_dir = small_disk / "run"
-    process = subprocess.Popen(
-        train_command(options, run_dir),
-        env=environment(ATOMTRAIN_TEST_STALL_WRITE="last.ckpt:2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    marker = run_dir / "last.ckpt.stalled"
-    wait_for_stall(marker, process)
+    process, marker = stalled_in_second_checkpoint(options, run_dir, subprocess.PIPE)
     fill(small_disk, leave=8192)
     marker.unlink()  # the write goes on, into a full disk
     _, error = process.communicate(timeout=120)
