@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -97,21 +99,60 @@ def atomic_write(
     file (if any) untouched and no temporary behind; a full disk or an unwritable
     directory is an OutputError naming ``path`` as ``what`` (checkpoint, model, ...)."""
     path = Path(path)
-    try:
+    with output_errors(path, what):
         handle, temporary = tempfile.mkstemp(
             dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
         )
-    except OSError as error:
-        raise output_error(path, what, error) from error
+        try:
+            with os.fdopen(handle, "wb" if binary else "w") as stream:
+                if _stall_here(path):
+                    write(_StallingFile(stream, path.with_name(path.name + ".stalled")))
+                else:
+                    write(stream)
+            # mkstemp creates 0600 files: give the file the mode any new file would get
+            os.chmod(temporary, 0o666 & ~process_umask())
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+
+
+def atomic_save_with_directory(
+    path: Path, save: Callable[[Path, Path], None], directory: Path, what: str
+) -> None:
+    """``save(file, folder)`` writes a file and a folder of files it needs into a
+    temporary staging directory; the folder's files are then moved into ``directory``
+    (kept files there stay) and the file renamed to ``path`` last, so that ``path``
+    never exists without what it needs. Errors as in :func:`atomic_write`."""
+    with output_errors(path, what):
+        staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        try:
+            save(staging / path.name, staging / directory.name)
+            merge_directory(staging / directory.name, directory)
+            os.chmod(staging / path.name, 0o666 & ~process_umask())
+            os.replace(staging / path.name, path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def merge_directory(source: Path, destination: Path) -> None:
+    """Move every file under ``source`` to the same place under ``destination``,
+    replacing files of the same name and leaving the others."""
+    if not source.is_dir():
+        return
+    for file in sorted(source.rglob("*")):
+        if file.is_dir():
+            continue
+        target = destination / file.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(file, target)
+
+
+@contextlib.contextmanager
+def output_errors(path: Path, what: str) -> Iterator[None]:
+    """Turn a failed write of ``path`` into an OutputError that says why."""
     try:
-        with os.fdopen(handle, "wb" if binary else "w") as stream:
-            if _stall_here(path):
-                write(_StallingFile(stream, path.with_name(path.name + ".stalled")))
-            else:
-                write(stream)
-        # mkstemp creates 0600 files: give the file the mode any new file would get
-        os.chmod(temporary, 0o666 & ~process_umask())
-        os.replace(temporary, path)
+        yield
     except OSError as error:
         raise output_error(path, what, error) from error
     except Exception as error:
@@ -119,9 +160,6 @@ def atomic_write(
         if disk_nearly_full(path.parent):
             raise output_error(path, what, OSError(errno.ENOSPC, "disk full")) from error
         raise
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
 
 
 def output_error(path: Path, what: str, error: OSError) -> OutputError:

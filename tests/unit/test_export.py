@@ -1,12 +1,10 @@
-"""Exported TorchScript file: same predictions through the ASE calculator, correct
-forces in a fresh process that imports only torch and sphericart, usable for MD."""
+"""Exported model file: same predictions through atomtrain's ASE calculator, older
+exports still read, usable for MD. (Engines through metatomic: tests/integration/
+test_metatomic.py.)"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import ase
 import ase.build
@@ -16,7 +14,7 @@ import torch
 
 from atomtrain.ase import Calculator
 from atomtrain.errors import AtomtrainError
-from atomtrain.models.export import export, load_exported
+from atomtrain.models.export import HYPERS_FILE, export, load_exported
 
 from helpers import run_model, small_model, structure_from_atoms
 
@@ -68,47 +66,29 @@ def test_unknown_element_is_a_clear_error(exported):
         atoms.get_potential_energy()
 
 
-def test_exported_file_gives_right_forces_in_a_fresh_process(exported):
-    """Only torch and sphericart.torch are imported: forces must still be -dE/dx."""
-    _, path = exported
-    script = textwrap.dedent(
-        f"""
-        import json, sys
-        import torch
-        import sphericart.torch
-        model = torch.jit.load({str(path)!r})
-        assert "atomtrain" not in sys.modules
-        positions = torch.tensor([[0.0, 0.0, 0.0], [1.7, 0.1, -0.2], [0.2, 1.5, 0.3]],
-                                 dtype=torch.float64)
-        n = positions.shape[0]
-        first = torch.tensor([i for i in range(n) for j in range(n) if i != j])
-        second = torch.tensor([j for i in range(n) for j in range(n) if i != j])
-        def run(p):
-            return model(positions=p, cell=torch.zeros(1, 3, 3, dtype=torch.float64),
-                         atomic_numbers=torch.tensor([14, 8, 8]),
-                         system_index=torch.zeros(n, dtype=torch.long),
-                         pair_first=first, pair_second=second,
-                         cell_shifts=torch.zeros(len(first), 3, dtype=torch.float64),
-                         periodic=torch.tensor([False]))
-        forces = run(positions)["forces"]
-        step = 1e-5
-        differences = []
-        for atom in range(n):
-            for direction in range(3):
-                plus = positions.clone(); plus[atom, direction] += step
-                minus = positions.clone(); minus[atom, direction] -= step
-                derivative = (run(plus)["energy"] - run(minus)["energy"]) / (2 * step)
-                differences.append(abs(float(forces[atom, direction] + derivative)))
-        print(json.dumps({{"max_difference": max(differences),
-                          "max_force": float(forces.abs().max())}}))
-        """
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True
-    )
-    numbers = json.loads(result.stdout.strip().splitlines()[-1])
-    assert numbers["max_force"] > 1e-4
-    assert numbers["max_difference"] < 1e-6
+def test_a_model_exported_before_metatomic_is_still_read(resources):
+    """tests/resources/old_export/model.pt: atomtrain's own TorchScript format, written
+    by the last version before the metatomic export (small_model([1, 6, 8]))."""
+    atoms = ase.build.molecule("CH3CH2OH")
+    atoms.rattle(0.05, seed=1)
+    expected = run_model(small_model([1, 6, 8]), [structure_from_atoms(atoms)])
+    atoms.calc = Calculator(str(resources / "old_export" / "model.pt"))
+    assert atoms.get_potential_energy() == pytest.approx(float(expected["energy"][0]), abs=1e-10)
+    np.testing.assert_allclose(atoms.get_forces(), expected["forces"].detach().numpy(), atol=1e-10)
+    extra = {HYPERS_FILE: ""}
+    load_exported(resources / "old_export" / "model.pt", extra=extra)
+    assert json.loads(extra[HYPERS_FILE])["atomic_types"] == [1, 6, 8]
+
+
+def test_export_keeps_other_files_in_the_extensions_directory(tmp_path):
+    """The collected extensions are merged into extensions/: a user's own files there
+    stay, and the model file appears only once its extensions are in place."""
+    (tmp_path / "extensions").mkdir()
+    (tmp_path / "extensions" / "mine.txt").write_text("kept")
+    export(small_model([8, 14]), tmp_path / "model.pt")
+    assert (tmp_path / "extensions" / "mine.txt").read_text() == "kept"
+    assert list((tmp_path / "extensions").rglob("libsphericart_torch.so"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["extensions", "model.pt"]
 
 
 def test_short_molecular_dynamics(exported):

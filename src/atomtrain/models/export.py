@@ -1,7 +1,10 @@
-"""Export a model to one TorchScript file and load it back without the training code.
+"""Export a model as a metatomic model, and load it (or an older atomtrain export) back.
 
-The file needs ``sphericart.torch`` imported before loading: it provides the spherical
-harmonics operator and registers its derivatives. :func:`load_exported` does that.
+The exported file is a metatomic ``AtomisticModel``: MD engines (ASE through
+metatomic-ase, i-PI, LAMMPS, TorchSim) load it and compute forces, stress and virials
+by autograd. The torch extension it needs (sphericart's operator) is collected beside
+it in ``extensions/``; the model's own hyperparameters ride in the metadata's ``extra``
+so that it can be fine-tuned.
 """
 
 from __future__ import annotations
@@ -16,38 +19,92 @@ from pathlib import Path
 import torch
 
 from ..errors import AtomtrainError
-from ..io import atomic_write
+from ..io import atomic_save_with_directory
 
 # the model's hyperparameters, stored beside the TorchScript code (which does not keep
 # them) so that an exported model can be fine-tuned
 HYPERS_FILE = "atomtrain_hypers.json"
 # the composition directions the baseline was fitted along (see SoapBpnn.baseline_span)
 BASELINE_SPAN_FILE = "atomtrain_baseline_span.json"
+# where metatomic models keep their metadata, and the keys of atomtrain's in its extra
+METADATA_FILE = "model-metadata"
+EXTRA_KEYS = {HYPERS_FILE: "atomtrain-hypers", BASELINE_SPAN_FILE: "atomtrain-baseline-span"}
+EXTENSIONS_DIRECTORY = "extensions"
+
+REFERENCES = {
+    "implementation": ["atomtrain: https://github.com/atomtrain/atomtrain"],
+    "architecture": [
+        "SOAP: A. P. Bartók, R. Kondor, G. Csányi, Phys. Rev. B 87, 184115 (2013), "
+        "https://doi.org/10.1103/PhysRevB.87.184115",
+        "Behler-Parrinello networks: J. Behler, M. Parrinello, Phys. Rev. Lett. 98, 146401 "
+        "(2007), https://doi.org/10.1103/PhysRevLett.98.146401",
+    ],
+}
+
+
+def atomistic_model(model: torch.nn.Module):
+    """``model`` (a SoapBpnn) as a metatomic AtomisticModel, in eval mode on CPU."""
+    from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
+
+    from .metatomic_wrapper import MetatomicEnergy
+
+    inner = copy.deepcopy(model).cpu().eval()
+    capabilities = ModelCapabilities(
+        outputs={
+            "energy": ModelOutput(
+                quantity="",  # deprecated: metatomic reads the dimension from the unit
+                unit=model.energy_unit,
+                sample_kind="atom",  # per system by default, per atom on request
+                description="potential energy",
+            )
+        },
+        atomic_types=[int(z) for z in model.atomic_types],
+        interaction_range=float(model.cutoff),
+        length_unit=model.length_unit,
+        supported_devices=["cpu", "cuda"],
+        # engines pass float64 positions; the features run in the training precision
+        # and the energies are summed in float64
+        dtype="float64",
+    )
+    trained_on = getattr(model, "trained_on", "") or "training data not recorded"
+    metadata = ModelMetadata(
+        name="atomtrain SOAP-BPNN",
+        description=f"SOAP-BPNN interatomic potential trained with atomtrain; {trained_on}",
+        references=REFERENCES,
+        extra={
+            EXTRA_KEYS[HYPERS_FILE]: json.dumps(getattr(model, "hypers", {})),
+            EXTRA_KEYS[BASELINE_SPAN_FILE]: json.dumps(getattr(model, "baseline_span", None)),
+        },
+    )
+    return AtomisticModel(MetatomicEnergy(inner).eval(), metadata, capabilities)
 
 
 def export(model: torch.nn.Module, path: str | Path) -> None:
-    """Write ``model`` (eval mode, on CPU) as TorchScript to ``path``, atomically, with
-    its hyperparameters."""
-    exported = copy.deepcopy(model).cpu().eval()
+    """Write ``model`` as a metatomic model to ``path``, atomically, with the torch
+    extensions it needs collected in ``extensions/`` beside it."""
+    import sphericart.torch  # noqa: F401  (its operator is one of the collected extensions)
+
+    path = Path(path)
     with warnings.catch_warnings():
-        # TorchScript is deprecated in recent torch, but it is what loads without
-        # Python code; the warning is not actionable for users
+        # TorchScript is deprecated in recent torch, but it is what engines load; the
+        # warning is not actionable for users
         warnings.simplefilter("ignore", DeprecationWarning)
-        scripted = torch.jit.script(exported)
-        extra = {
-            HYPERS_FILE: json.dumps(getattr(model, "hypers", {})),
-            BASELINE_SPAN_FILE: json.dumps(getattr(model, "baseline_span", None)),
-        }
-        atomic_write(
-            path, lambda stream: torch.jit.save(scripted, stream, _extra_files=extra), what="model"
+        exported = atomistic_model(model)
+        atomic_save_with_directory(
+            path,
+            lambda file, extensions: exported.save(str(file), collect_extensions=str(extensions)),
+            path.parent / EXTENSIONS_DIRECTORY,
+            what="model",
         )
 
 
 def load_exported(
     path: str | Path, device: str | torch.device = "cpu", extra: dict[str, str] | None = None
 ) -> torch.jit.ScriptModule:
-    """Load an exported model file; ``sphericart.torch`` is imported first. ``extra``
-    names files stored beside the code, filled in on return (empty when absent)."""
+    """The model of an exported file: the metatomic model's inner SoapBpnn (with its
+    batched ``forward``), or an older atomtrain export. ``extra`` names what export
+    stores beside the code (HYPERS_FILE, BASELINE_SPAN_FILE), filled in on return
+    (empty when absent)."""
     import sphericart.torch  # noqa: F401  (loads the operator and its autograd formulas)
 
     path = Path(path)
@@ -56,15 +113,25 @@ def load_exported(
     foreign = foreign_file(path)
     if foreign is not None:
         raise AtomtrainError(f"{path}: {foreign}")
+    metadata = metatomic_metadata(path)
+    if metadata is not None:
+        import metatomic.torch  # noqa: F401  (its TorchScript classes are in the file)
+    wanted = dict.fromkeys(extra or {}, "")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            model = torch.jit.load(str(path), map_location=device, _extra_files=extra or {})
+            model = torch.jit.load(str(path), map_location=device, _extra_files=wanted)
     except Exception as error:
         raise AtomtrainError(
             f"{path}: not an exported atomtrain model ({first_line(error)}); export a "
             "checkpoint with 'atomtrain export model.ckpt -o model.pt'"
         ) from error
+    if metadata is not None:
+        model = model.module.model
+        stored = metadata.get("extra", {})
+        wanted = {name: stored.get(key, "") for name, key in EXTRA_KEYS.items() if name in wanted}
+    if extra is not None:
+        extra.update({name: wanted.get(name, "") for name in extra})
     missing = [name for name in MODEL_ATTRIBUTES if not hasattr(model, name)]
     if missing:
         raise AtomtrainError(
@@ -72,6 +139,16 @@ def load_exported(
             f"{', '.join(missing)}); give a model.pt written by atomtrain train or export"
         )
     return model
+
+
+def metatomic_metadata(path: Path) -> dict | None:
+    """The metadata of a metatomic model file (JSON), None for any other file."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [name for name in archive.namelist() if name.endswith(f"extra/{METADATA_FILE}")]
+            return json.loads(archive.read(names[0])) if names else None
+    except (zipfile.BadZipFile, OSError, KeyError, ValueError):
+        return None
 
 
 # what every exported atomtrain model carries, and eval, the calculator and fine-tuning use
@@ -94,8 +171,8 @@ def foreign_file(path: Path) -> str | None:
     about it; None for anything else (atomtrain's own files included).
 
     Both torch.save and TorchScript write zip archives; metatrain's checkpoints name
-    their architecture and version in the pickle, and exported metatomic models carry
-    metatomic's classes in their code."""
+    their architecture and version in the pickle, and metatomic models written by
+    others lack atomtrain's hyperparameters in their metadata."""
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -103,7 +180,8 @@ def foreign_file(path: Path) -> str | None:
             header = archive.read(pickles[0])[:100_000] if pickles else b""
     except (zipfile.BadZipFile, OSError, KeyError):
         return None
-    if any("metatomic" in name or "metatensor" in name for name in names):
+    metadata = metatomic_metadata(path)
+    if metadata is not None and EXTRA_KEYS[HYPERS_FILE] not in metadata.get("extra", {}):
         return (
             "a metatomic model (exported by metatrain or another metatomic tool), not an "
             "atomtrain model; run it with metatomic (metatomic-ase's MetatomicCalculator, "

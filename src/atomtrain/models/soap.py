@@ -237,12 +237,28 @@ class SoapPowerSpectrum(torch.nn.Module):
         return self.power_spectrum(density)
 
     def angular(self, edge_vectors: torch.Tensor) -> torch.Tensor:
-        """Spherical harmonics of the pair vectors. The exported (TorchScript) model uses
-        sphericart's autograd, exact to all orders; in Python, where training runs, the
-        faster first-derivative path of _HarmonicsWithCachedGradients."""
+        """Spherical harmonics of the pair vectors. In Python, where training runs, the
+        fast first-derivative path of _HarmonicsWithCachedGradients; in TorchScript (the
+        exported model) see angular_with_tangent."""
         if torch.jit.is_scripting():
-            return self.spherical_harmonics(edge_vectors)
+            return self.angular_with_tangent(edge_vectors)
         return self.angular_for_training(edge_vectors)
+
+    def angular_with_tangent(self, edge_vectors: torch.Tensor) -> torch.Tensor:
+        """Harmonics whose first derivatives hold in any process. sphericart registers
+        the autograd formula of its operator from Python, so in a process that loads an
+        exported model without importing sphericart.torch (an MD engine), autograd
+        through the operator silently drops the harmonics' part of the forces. Here the
+        values and gradients come from one call, detached, and the derivative is carried
+        by the tangent term gradients . (r - r.detach()), zero in value: forces, stress
+        and virials are exact; second derivatives miss the harmonics' curvature."""
+        values, gradients = self.spherical_harmonics.compute_with_gradients(edge_vectors)
+        values = values.detach()
+        if not edge_vectors.requires_grad:
+            return values
+        displacement = edge_vectors - edge_vectors.detach()
+        tangent = torch.bmm(displacement.unsqueeze(1), gradients.detach()).squeeze(1)
+        return values + tangent
 
     @torch.jit.unused
     def angular_for_training(self, edge_vectors: torch.Tensor) -> torch.Tensor:

@@ -37,8 +37,9 @@ class SoapBpnn(torch.nn.Module):
     """Energy model E = scale * sum_i NN_{Z_i}(SOAP_i) + sum_i baseline_{Z_i}."""
 
     # baseline_span: the composition directions the training data determined the
-    # baseline along (rows), None when unknown; kept for fine-tuning, not for TorchScript
-    __jit_ignored_attributes__ = ["hypers", "baseline_span"]
+    # baseline along (rows), None when unknown; kept for fine-tuning, not for TorchScript.
+    # trained_on: what the model was trained on, for the exported model's description
+    __jit_ignored_attributes__ = ["hypers", "baseline_span", "trained_on"]
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class SoapBpnn(torch.nn.Module):
         }
         self.atomic_types = atomic_types
         self.baseline_span: list[list[float]] | None = None
+        self.trained_on = ""
         self.cutoff = float(cutoff)
         self.length_unit = length_unit
         self.energy_unit = energy_unit
@@ -123,21 +125,37 @@ class SoapBpnn(torch.nn.Module):
             - positions.index_select(0, first)
             + torch.bmm(cell_shifts[:computed].unsqueeze(1), pair_cell).squeeze(1)
         )
-        element_index = self.type_to_index.index_select(0, atomic_numbers)
-        features = self.soap(
-            edge_vectors,
-            pair_first,
-            element_index.index_select(0, pair_second),
-            positions.shape[0],
-            half > 0,
-        )
-        atomic = self.networks(self.layernorm(features), element_index)
-        atomic = atomic.to(torch.float64) * self.scale + self.baseline.index_select(
-            0, element_index
+        atomic = self.atomic_energies(
+            edge_vectors, pair_first, pair_second, atomic_numbers, half > 0
         )
         energy = torch.zeros(cell.shape[0], dtype=torch.float64, device=positions.device)
         return energy.index_add(0, system_index, atomic)
 
+    def atomic_energies(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        atomic_numbers: torch.Tensor,
+        mirrored: bool,
+    ) -> torch.Tensor:
+        """Energy of each atom in float64, [n_atoms], from the vectors of its neighbor
+        pairs. ``mirrored``: the second half of the pairs is the first reversed, and
+        ``edge_vectors`` holds the vectors of the first half only."""
+        element_index = self.type_to_index.index_select(0, atomic_numbers)
+        features = self.soap(
+            edge_vectors.to(self.soap.wavenumbers.dtype),  # the features' dtype
+            pair_first,
+            element_index.index_select(0, pair_second),
+            atomic_numbers.shape[0],
+            mirrored,
+        )
+        atomic = self.networks(self.layernorm(features), element_index)
+        return atomic.to(torch.float64) * self.scale + self.baseline.index_select(0, element_index)
+
+    # exported: the metatomic wrapper calls atomic_energies, and atomtrain's own eval
+    # and calculator call this batched entry point of the inner model
+    @torch.jit.export
     def forward(
         self,
         positions: torch.Tensor,

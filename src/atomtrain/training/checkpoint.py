@@ -97,4 +97,5 @@ def model_from_checkpoint(state: dict[str, Any], best: bool = True) -> SoapBpnn:
     weights = state["best_model_state"] if best and "best_model_state" in state else None
     model.load_state_dict(weights or state["model_state"])
     model.baseline_span = state.get("baseline_span")  # absent from older checkpoints
+    model.trained_on = state.get("trained_on", "")
     return model

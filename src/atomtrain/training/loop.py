@@ -155,6 +155,18 @@ def describe_data(datasets: Datasets) -> str:
     )
 
 
+def describe_training(datasets: Datasets, finetuned_from: str | None) -> str:
+    """What the model was trained on, for the exported model's description."""
+    files = sorted({Path(path).name for path, _ in datasets.files["training"]})
+    training = datasets.training
+    with_forces, with_stress = targets_given(training)
+    targets = "energy" + (", forces" if with_forces else "") + (", stress" if with_stress else "")
+    text = f"trained on {len(training)} structures of {', '.join(files)} ({targets})"
+    if finetuned_from is not None:
+        text = f"fine-tuned from {Path(finetuned_from).name}, {text}"
+    return text
+
+
 def describe_model(model: SoapBpnn, dtype: torch.dtype) -> str:
     n_parameters = sum(parameter.numel() for parameter in model.parameters())
     return (
@@ -254,6 +266,10 @@ class Trainer:
             model = build_model(options, model_elements(options, training))
             self.model = model.set_precision(self.dtype)
             fit_baseline(self.model, training, options, context)
+        finetune = self.training_options.finetune
+        self.model.trained_on = describe_training(
+            self.datasets, finetune.read_from if finetune is not None else None
+        )
         self.model.to(context.device)
         context.broadcast_parameters(self.model)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
@@ -413,6 +429,7 @@ class Trainer:
             "architecture": ARCHITECTURE_NAME,
             "hypers": self.model.hypers,
             "baseline_span": self.model.baseline_span,
+            "trained_on": self.model.trained_on,
             "dtype": str(self.dtype).removeprefix("torch."),
             "model_state": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "optimizer_state": self.optimizer.state_dict(),

@@ -1,0 +1,175 @@
+"""Molecular dynamics speed in ASE: atomtrain's exported model through metatomic, against
+metatrain's SOAP-BPNN with the same hyperparameters through metatomic, and against
+atomtrain's own calculator.
+
+    python benchmarks/md_speed.py [--steps 300] [--repeats 3]
+
+Trains both tools for one epoch on the same options (compare_metatrain.py's, the
+ethanol example's hyperparameters: cutoff 5, max_radial 7, max_angular 6, 2 x 32
+neurons, float32) for ethanol and for silicon, then runs velocity-Verlet MD (0.5 fs) on
+an ethanol molecule (9 atoms) and on a rattled 64-atom diamond silicon cell, each in a
+fresh process: --steps timed after 20 warm-up steps, median over --repeats, the engines
+alternated. Conditions: one torch thread; and torch's default threads (all cores) while
+another process keeps one core busy. Everything runs with the interpreter of
+benchmarks/.venv-metatrain (built as compare_metatrain.py builds it), so that both
+models load in the same metatomic. Prints a table; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import ase.build
+import ase.io
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_metatrain import ROOT, VENV, ensure_metatrain, write_inputs  # noqa: E402
+
+PYTHON = VENV / "bin" / "python"
+
+MD_RUN = """
+import json, sys, time
+import ase.io, numpy, torch
+from ase import units
+from ase.md.verlet import VelocityVerlet
+from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+engine, model, structure, threads, steps = sys.argv[1:6]
+if threads != "default":
+    torch.set_num_threads(int(threads))
+atoms = ase.io.read(structure)
+if engine == "atomtrain.ase":
+    from atomtrain.ase import Calculator
+    atoms.calc = Calculator(model, threads=None)
+else:
+    from metatomic_ase import MetatomicCalculator
+    extensions = model.rsplit("/", 1)[0] + "/extensions"
+    atoms.calc = MetatomicCalculator(model, extensions_directory=extensions)
+MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=numpy.random.default_rng(0))
+dynamics = VelocityVerlet(atoms, 0.5 * units.fs)
+dynamics.run(20)
+start = time.perf_counter()
+dynamics.run(int(steps))
+print(json.dumps({"steps_per_second": int(steps) / (time.perf_counter() - start),
+                  "threads": torch.get_num_threads()}))
+"""
+
+BUSY_LOOP = "while True: pass"
+
+
+@contextmanager
+def busy_core(active: bool):
+    process = subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) if active else None
+    try:
+        yield
+    finally:
+        if process is not None:
+            process.kill()
+            process.wait()
+
+
+def train_both(directory: Path, name: str, mtt: Path) -> dict[str, Path]:
+    """One epoch of each tool on the same options; their exported models."""
+    models = {}
+    for tool in ("metatrain", "atomtrain"):
+        workdir = directory / f"{name}-{tool}"
+        workdir.mkdir()
+        options = write_inputs(workdir, name, count=40, epochs=1, batch=8)
+        if tool == "metatrain":
+            command = [str(mtt), "train", options.name, "-o", "model.pt"]
+        else:
+            command = ["atomtrain", "train", options.name, "-o", "model.pt"]
+        subprocess.run(command, cwd=workdir, check=True, capture_output=True)
+        models[tool] = workdir / "model.pt"
+    return models
+
+
+def structures(directory: Path) -> dict[str, Path]:
+    ethanol = ase.io.read(ROOT / "examples" / "ethanol" / "ethanol_1000.xyz", 0)
+    ethanol.calc = None
+    silicon = ase.build.bulk("Si", "diamond", a=5.43, cubic=True).repeat(2)
+    silicon.rattle(0.05, seed=1)
+    paths = {}
+    for name, atoms in (("ethanol", ethanol), ("silicon", silicon)):
+        paths[name] = directory / f"{name}_start.extxyz"
+        ase.io.write(paths[name], atoms)
+    return paths
+
+
+def md_speed(engine: str, model: Path, structure: Path, threads: str, steps: int) -> dict:
+    result = subprocess.run(
+        [str(PYTHON), "-c", MD_RUN, engine, str(model), str(structure), threads, str(steps)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{engine} on {model}: {result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    arguments = parser.parse_args()
+    mtt = ensure_metatrain()
+    cases = [
+        ("atomtrain", "metatomic"),
+        ("metatrain", "metatomic"),
+        ("atomtrain", "atomtrain.ase"),
+    ]
+    conditions = [("1 thread", "1", False), ("all cores, one busy", "default", True)]
+    with tempfile.TemporaryDirectory() as temporary:
+        directory = Path(temporary)
+        starts = structures(directory)
+        rows = []
+        for name in ("ethanol", "silicon"):
+            models = train_both(directory, name, mtt)
+            for label, threads, busy in conditions:
+                speeds: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
+                used = {}
+                with busy_core(busy):
+                    for _ in range(arguments.repeats):
+                        for tool, engine in cases:  # alternated within each repeat
+                            result = md_speed(
+                                engine, models[tool], starts[name], threads, arguments.steps
+                            )
+                            speeds[(tool, engine)].append(result["steps_per_second"])
+                            used[(tool, engine)] = result["threads"]
+                medians = {case: statistics.median(values) for case, values in speeds.items()}
+                rows.append((name, label, medians, used))
+                print_row(name, label, medians, used, speeds)
+    print()
+    print(
+        "| system | condition | atomtrain (metatomic) | metatrain (metatomic) | ratio | "
+        "atomtrain.ase.Calculator | metatomic / own calculator |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, label, medians, _ in rows:
+        mine = medians[("atomtrain", "metatomic")]
+        theirs = medians[("metatrain", "metatomic")]
+        own = medians[("atomtrain", "atomtrain.ase")]
+        print(
+            f"| {name} | {label} | {mine:.0f} steps/s | {theirs:.0f} steps/s | "
+            f"{mine / theirs:.2f}x | {own:.0f} steps/s | {mine / own:.2f}x |"
+        )
+
+
+def print_row(name, label, medians, used, speeds) -> None:
+    for (tool, engine), median in medians.items():
+        values = ", ".join(f"{value:.0f}" for value in speeds[(tool, engine)])
+        print(
+            f"{name:8s} {label:20s} {tool:9s} via {engine:14s} {median:8.1f} steps/s "
+            f"(runs: {values}; torch threads {used[(tool, engine)]})",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

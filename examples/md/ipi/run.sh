@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Molecular dynamics of ethanol in i-PI with an exported atomtrain model:
+#   bash run.sh ../../ethanol/model.pt nve     (or nvt)
+# i-PI integrates; its metatomic driver evaluates the model (forces and virial by
+# autograd) and talks to i-PI over a UNIX socket. Writes md.out, md.pos_0.extxyz and
+# md_ipi_<ensemble>.png (total energy and temperature over time).
+set -euo pipefail
+model=$(realpath "${1:-../../ethanol/model.pt}")
+ensemble=${2:-nve}
+cd "$(dirname "$0")"
+address="atomtrain-$$"
+sed "s|<address>atomtrain</address>|<address>$address</address>|" "input-$ensemble.xml" > input.xml
+rm -f md.out md.pos_0.extxyz RESTART
+i-pi input.xml > ipi.log 2>&1 &
+server=$!
+i-pi-py_driver -m metatomic -u -a "$address" \
+  -o "template=start.xyz,model=$model,extensions=$(dirname "$model")/extensions" &
+driver=$!
+# the driver retries until i-PI has opened the socket, and spins if i-PI dies: i-PI's
+# exit decides, and the driver is stopped with it
+trap 'kill $server $driver 2>/dev/null || true' EXIT
+if ! wait $server; then
+  echo "i-PI stopped with an error; see $(pwd)/ipi.log" >&2
+  exit 1
+fi
+wait $driver || true
+python plot.py md.out "md_ipi_$ensemble.png"

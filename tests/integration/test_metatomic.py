@@ -1,0 +1,288 @@
+"""The exported model in the engines people use, through metatomic, checked in processes
+that never import atomtrain: metatomic-ase's calculator, i-PI's metatomic driver over a
+UNIX socket, and ASE molecular dynamics from examples/md."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import ase
+import ase.build
+import ase.io
+import numpy as np
+import pytest
+
+from atomtrain.cli.main import main
+from atomtrain.training.checkpoint import best_model
+
+from conftest import RESOURCES
+from helpers import run_directories, run_model, structure_from_atoms, write_options
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def train(directory: Path, data: Path, **changes) -> tuple[Path, Path]:
+    """A short real training run; its exported model and its run directory."""
+    options = write_options(directory, data, **changes)
+    model = directory / "model.pt"
+    arguments = ["train", str(options), "--outputs", str(directory / "outputs"), "-o", str(model)]
+    assert main(arguments) == 0
+    (run,) = run_directories(directory / "outputs")
+    return model, run
+
+
+@pytest.fixture(scope="module")
+def ethanol(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("ethanol"), RESOURCES / "ethanol_40.xyz")
+
+
+@pytest.fixture(scope="module")
+def silicon(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("silicon"), RESOURCES / "si_test.xyz")
+
+
+def ethanol_molecule() -> ase.Atoms:
+    atoms = ase.io.read(RESOURCES / "ethanol_40.xyz", index=3)
+    atoms.calc = None
+    return atoms
+
+
+def ethanol_in_a_box() -> ase.Atoms:
+    """Periodic: the box is small enough that the molecule sees its own images."""
+    atoms = ethanol_molecule()
+    atoms.set_cell(np.diag([6.0, 6.5, 7.0]) + 0.4 * np.eye(3)[[1, 2, 0]])
+    atoms.pbc = True
+    atoms.wrap()
+    return atoms
+
+
+def silicon_cell() -> ase.Atoms:
+    atoms = ase.build.bulk("Si", "diamond", a=5.43, cubic=True).repeat((2, 1, 1))
+    atoms.rattle(0.08, seed=4)
+    shear = np.eye(3) + 0.02 * np.array([[0, 1, 0], [0, 0, 0], [1, 0, 0]])
+    atoms.set_cell(atoms.cell.array @ shear, scale_atoms=True)
+    return atoms
+
+
+# runs in a fresh interpreter: metatomic only, atomtrain and sphericart.torch never imported
+ENGINE_SIDE = textwrap.dedent(
+    """
+    import json, sys
+    import ase.io
+    import numpy as np
+    import torch
+    from metatensor.torch import Labels
+    from metatomic.torch import ModelOutput
+    from metatomic_ase import MetatomicCalculator
+
+    request = json.loads(sys.argv[1])
+    calculator = MetatomicCalculator(request["model"], extensions_directory=request["extensions"])
+    results = []
+    for path in request["structures"]:
+        atoms = ase.io.read(path)
+        atoms.calc = calculator
+        result = {
+            "energy": atoms.get_potential_energy(),
+            "forces": atoms.get_forces().tolist(),
+            "energies": atoms.get_potential_energies().tolist(),
+        }
+        if atoms.pbc.all():
+            result["stress"] = atoms.get_stress().tolist()
+        # forces against central finite differences of the energy, on the first 3 atoms
+        step = 1e-4
+        differences = []
+        for atom in range(3):
+            for direction in range(3):
+                shifted = []
+                for sign in (1, -1):
+                    moved = atoms.copy()
+                    moved.positions[atom, direction] += sign * step
+                    moved.calc = calculator
+                    shifted.append(moved.get_potential_energy())
+                derivative = (shifted[0] - shifted[1]) / (2 * step)
+                differences.append(abs(result["forces"][atom][direction] + derivative))
+        result["finite_difference_error"] = max(differences)
+        # selected_atoms: per-atom energies of atoms 1 and 2 only
+        selected = Labels(["system", "atom"], torch.tensor([[0, 1], [0, 2]], dtype=torch.int32))
+        outputs = calculator.run_model(
+            atoms, {"energy": ModelOutput(sample_kind="atom")}, selected_atoms=selected
+        )
+        block = outputs["energy"].block()
+        result["selected_samples"] = block.samples.values.tolist()
+        result["selected_energies"] = block.values.detach().reshape(-1).tolist()
+        results.append(result)
+    roots = ("atomtrain", "sphericart")
+    imported = sorted(name for name in sys.modules if name.split(".")[0] in roots)
+    print(json.dumps({"results": results, "imported": imported}))
+    """
+)
+
+
+def engine_predictions(model: Path, structures: list[ase.Atoms], directory: Path) -> dict:
+    paths = []
+    for number, atoms in enumerate(structures):
+        paths.append(str(directory / f"structure_{number}.extxyz"))
+        ase.io.write(paths[-1], atoms)
+    request = {
+        "model": str(model),
+        "extensions": str(model.parent / "extensions"),
+        "structures": paths,
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", ENGINE_SIDE, json.dumps(request)],
+        capture_output=True,
+        text=True,
+        cwd=directory,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", ["ethanol", "silicon"])
+def test_metatomic_calculator_gives_atomtrains_predictions(case, request, tmp_path):
+    """In a process without atomtrain, MetatomicCalculator gives the energies, forces and
+    stress of atomtrain's own (Python) model to 1e-10, per-atom energies add up to the
+    total, forces are -dE/dx, and selected_atoms picks the per-atom energies."""
+    model, run = request.getfixturevalue(case)
+    structures = [ethanol_molecule(), ethanol_in_a_box()] if case == "ethanol" else [silicon_cell()]
+    engine = engine_predictions(model, structures, tmp_path)
+    assert engine["imported"] == []
+    python_model = best_model(run / "best.ckpt")
+    # the structures as the engine read them (extended XYZ rounds the positions)
+    structures = [ase.io.read(path) for path in sorted(tmp_path.glob("structure_*.extxyz"))]
+    for atoms, result in zip(structures, engine["results"]):
+        periodic = bool(atoms.pbc.all())
+        expected = run_model(python_model, [structure_from_atoms(atoms)], stress=periodic)
+        energy = float(expected["energy"][0].detach())
+        assert result["energy"] == pytest.approx(energy, abs=1e-10, rel=0)
+        forces = expected["forces"].detach().numpy()
+        assert np.abs(forces).max() > 1e-3  # a real check, not zeros against zeros
+        np.testing.assert_allclose(result["forces"], forces, atol=1e-10, rtol=0)
+        if periodic:
+            stress = expected["stress"][0].detach().numpy().reshape(9)[[0, 4, 8, 5, 2, 1]]
+            assert np.abs(stress).max() > 1e-5
+            np.testing.assert_allclose(result["stress"], stress, atol=1e-10, rtol=0)
+        assert sum(result["energies"]) == pytest.approx(result["energy"], abs=1e-9, rel=0)
+        assert result["finite_difference_error"] < 1e-6
+        assert result["selected_samples"] == [[0, 1], [0, 2]]
+        np.testing.assert_allclose(
+            result["selected_energies"], result["energies"][1:3], atol=1e-12, rtol=0
+        )
+
+
+def test_the_model_describes_itself(ethanol):
+    from metatomic.torch import load_atomistic_model, read_model_metadata
+
+    model_path, run = ethanol
+    metadata = read_model_metadata(str(model_path))
+    assert "ethanol_40.xyz" in metadata.description
+    assert "energy, forces" in metadata.description
+    references = " ".join(metadata.references["architecture"])
+    assert "Bartók" in references and "Behler" in references
+    capabilities = load_atomistic_model(
+        str(model_path), extensions_directory=str(model_path.parent / "extensions")
+    ).capabilities()
+    assert capabilities.atomic_types == [1, 6, 8]
+    assert capabilities.interaction_range == 4.0  # the cutoff of write_options
+    assert capabilities.length_unit == "angstrom"
+    assert capabilities.dtype == "float64"
+    assert capabilities.outputs["energy"].unit == "eV"
+    assert "cpu" in capabilities.supported_devices
+
+
+def ipi_input(directory: Path, address: str, steps: int) -> Path:
+    """examples/md/ipi's NVE input, shortened and pointed at this test's socket."""
+    text = (EXAMPLES / "md" / "ipi" / "input-nve.xml").read_text()
+    text = text.replace("<total_steps>1000</total_steps>", f"<total_steps>{steps}</total_steps>")
+    text = text.replace("<address>atomtrain</address>", f"<address>{address}</address>")
+    path = directory / "input.xml"
+    path.write_text(text)
+    shutil.copy(EXAMPLES / "md" / "ipi" / "start.xyz", directory / "start.xyz")
+    return path
+
+
+def test_ipi_drives_the_model_through_its_metatomic_driver(ethanol, tmp_path):
+    """i-PI runs a short NVE trajectory with the model served by i-PI's metatomic driver
+    over a UNIX socket; its potential energies equal the ASE calculator's at the same
+    positions."""
+    model, _ = ethanol
+    address = f"atomtrain-test-{uuid.uuid4().hex[:8]}"
+    ipi_input(tmp_path, address, steps=20)
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen(
+        ["i-pi", "input.xml"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environment,
+    )
+    driver_options = f"template=start.xyz,model={model},extensions={model.parent / 'extensions'}"
+    try:
+        driver = subprocess.run(
+            ["i-pi-py_driver", "-m", "metatomic", "-u", "-a", address, "-o", driver_options],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=environment,
+        )
+        server_output, _ = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    assert server.returncode == 0, server_output[-3000:]
+    assert "atomtrain" not in driver.stderr  # the driver process loaded metatomic only
+    steps, potentials = read_ipi_properties(tmp_path / "md.out")
+    assert steps[-1] == 20
+    frames = ase.io.read(tmp_path / "md.pos_0.extxyz", index=":")
+    assert len(frames) == len(potentials)
+    assert np.ptp(potentials) > 1e-4  # the atoms moved
+    forces = [frame.get_forces() for frame in ase.io.read(tmp_path / "md.for_0.extxyz", ":")]
+    reference = engine_predictions(model, frames, tmp_path)["results"]
+    for potential, force, result in zip(potentials, forces, reference):
+        # to the digits i-PI prints: 9 significant for energies, 8 decimals for forces
+        assert potential == pytest.approx(result["energy"], abs=6e-6, rel=0)
+        np.testing.assert_allclose(force, result["forces"], atol=1e-7, rtol=0)
+
+
+def read_ipi_properties(path: Path) -> tuple[list[int], list[float]]:
+    rows = [line.split() for line in path.read_text().splitlines() if not line.startswith("#")]
+    return [int(float(row[0])) for row in rows], [float(row[5]) for row in rows]
+
+
+def test_ase_nve_conserves_the_total_energy(ethanol, tmp_path):
+    """examples/md/ase_md.py: 1,000 steps of 0.5 fs of NVE on ethanol at 300 K. The total
+    energy stays within 1 meV/atom of its start (measured: about 0.1)."""
+    model, _ = ethanol
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "md" / "ase_md.py"),
+            str(model),
+            "--structure",
+            str(RESOURCES / "ethanol_40.xyz"),
+            "--ensemble",
+            "nve",
+            "--steps",
+            "1000",
+            "--output",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = np.genfromtxt(tmp_path / "md_nve.csv", delimiter=",", names=True)
+    assert len(table) == 1001
+    total = table["total_eV"]
+    change = 1000 * np.abs(total - total[0]).max() / 9
+    assert change < 1.0, f"total energy changed by {change:.3f} meV/atom"
+    assert table["temperature_K"].mean() > 50  # it moved
+    assert (tmp_path / "md_nve.png").stat().st_size > 10_000
