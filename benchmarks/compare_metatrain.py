@@ -59,6 +59,15 @@ def ensure_metatrain() -> Path:
         subprocess.run(
             [str(VENV / "bin" / "pip"), "install", "-q", f"torch=={version}", METATRAIN], check=True
         )
+        # metatrain installs sphericart into the venv, whose package then hides the
+        # sphericart.torch of the system's site-packages: install that one beside it
+        from importlib.metadata import version as installed
+
+        subprocess.run(
+            [str(VENV / "bin" / "pip"), "install", "-q", "--force-reinstall", "--no-deps"]
+            + [f"sphericart-torch=={installed('sphericart-torch')}"],
+            check=True,
+        )
     return mtt
 
 

@@ -9,7 +9,9 @@ ethanol example's hyperparameters: cutoff 5, max_radial 7, max_angular 6, 2 x 32
 neurons, float32) for ethanol and for silicon, then runs velocity-Verlet MD (0.5 fs) on
 an ethanol molecule (9 atoms) and on a rattled 64-atom diamond silicon cell, each in a
 fresh process: --steps timed after 20 warm-up steps, median over --repeats, the engines
-alternated. Conditions: one torch thread; and torch's default threads (all cores) while
+alternated; and the model alone (forward and backward through metatomic's
+AtomisticModel, neighbor list given: no ASE, no neighbor search). Conditions: one torch
+thread; and torch's default threads (all cores) while
 another process keeps one core busy. Everything runs with the interpreter of
 benchmarks/.venv-metatrain (built as compare_metatrain.py builds it), so that both
 models load in the same metatomic. Prints a table; nothing is asserted.
@@ -60,6 +62,36 @@ print(json.dumps({"steps_per_second": int(steps) / (time.perf_counter() - start)
                   "threads": torch.get_num_threads()}))
 """
 
+# the model alone: forward and backward through metatomic's AtomisticModel on a system
+# whose neighbor list is already computed (no ASE, no neighbor search), per second
+MODEL_ALONE = """
+import json, sys, time
+import ase.io, torch
+from metatomic.torch import (ModelEvaluationOptions, ModelOutput, load_atomistic_model,
+                             systems_to_torch)
+from vesin.metatomic import compute_requested_neighbors
+_, model_path, structure, threads, steps = sys.argv[1:6]
+if threads != "default":
+    torch.set_num_threads(int(threads))
+extensions = model_path.rsplit("/", 1)[0] + "/extensions"
+model = load_atomistic_model(model_path, extensions_directory=extensions)
+dtype = getattr(torch, model.capabilities().dtype)  # what the model asks engines for
+system = systems_to_torch(ase.io.read(structure), dtype=dtype, positions_requires_grad=True)
+compute_requested_neighbors(system, system_length_unit="angstrom", model=model)
+options = ModelEvaluationOptions(length_unit="angstrom",
+                                 outputs={"energy": ModelOutput(unit="eV")})
+def call():
+    energy = model([system], options, check_consistency=False)["energy"].block().values
+    torch.autograd.grad(energy.sum(), system.positions, retain_graph=True)
+for _ in range(20):
+    call()
+start = time.perf_counter()
+for _ in range(int(steps)):
+    call()
+print(json.dumps({"steps_per_second": int(steps) / (time.perf_counter() - start),
+                  "threads": torch.get_num_threads()}))
+"""
+
 BUSY_LOOP = "while True: pass"
 
 
@@ -103,8 +135,9 @@ def structures(directory: Path) -> dict[str, Path]:
 
 
 def md_speed(engine: str, model: Path, structure: Path, threads: str, steps: int) -> dict:
+    script = MODEL_ALONE if engine == "model alone" else MD_RUN
     result = subprocess.run(
-        [str(PYTHON), "-c", MD_RUN, engine, str(model), str(structure), threads, str(steps)],
+        [str(PYTHON), "-c", script, engine, str(model), str(structure), threads, str(steps)],
         capture_output=True,
         text=True,
     )
@@ -123,6 +156,8 @@ def main() -> None:
         ("atomtrain", "metatomic"),
         ("metatrain", "metatomic"),
         ("atomtrain", "atomtrain.ase"),
+        ("atomtrain", "model alone"),
+        ("metatrain", "model alone"),
     ]
     conditions = [("1 thread", "1", False), ("all cores, one busy", "default", True)]
     with tempfile.TemporaryDirectory() as temporary:
@@ -147,17 +182,21 @@ def main() -> None:
                 print_row(name, label, medians, used, speeds)
     print()
     print(
-        "| system | condition | atomtrain (metatomic) | metatrain (metatomic) | ratio | "
-        "atomtrain.ase.Calculator | metatomic / own calculator |"
+        "| system | condition | atomtrain via metatomic | metatrain via metatomic | ratio "
+        "| atomtrain.ase.Calculator | metatomic / own | model alone: atomtrain, metatrain, "
+        "ratio |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, label, medians, _ in rows:
         mine = medians[("atomtrain", "metatomic")]
         theirs = medians[("metatrain", "metatomic")]
         own = medians[("atomtrain", "atomtrain.ase")]
+        alone = medians[("atomtrain", "model alone")]
+        alone_theirs = medians[("metatrain", "model alone")]
         print(
-            f"| {name} | {label} | {mine:.0f} steps/s | {theirs:.0f} steps/s | "
-            f"{mine / theirs:.2f}x | {own:.0f} steps/s | {mine / own:.2f}x |"
+            f"| {name} | {label} | {mine:.0f}/s | {theirs:.0f}/s | {mine / theirs:.2f}x | "
+            f"{own:.0f}/s | {mine / own:.2f}x | {alone:.0f}/s, {alone_theirs:.0f}/s, "
+            f"{alone / alone_theirs:.2f}x |"
         )
 
 

@@ -13,7 +13,9 @@ sed "s|<address>atomtrain</address>|<address>$address</address>|" "input-$ensemb
 rm -f md.out md.pos_0.extxyz RESTART
 i-pi input.xml > ipi.log 2>&1 &
 server=$!
-i-pi-py_driver -m metatomic -u -a "$address" \
+# one torch thread unless told otherwise: the fastest for small systems, and several
+# threads beside another job were 4x slower (docs/performance.md)
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} i-pi-py_driver -m metatomic -u -a "$address" \
   -o "template=start.xyz,model=$model,extensions=$(dirname "$model")/extensions" &
 driver=$!
 # the driver retries until i-PI has opened the socket, and spins if i-PI dies: i-PI's
