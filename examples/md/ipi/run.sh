@@ -10,7 +10,7 @@ ensemble=${2:-nve}
 cd "$(dirname "$0")"
 address="atomtrain-$$"
 sed "s|<address>atomtrain</address>|<address>$address</address>|" "input-$ensemble.xml" > input.xml
-rm -f md.out md.pos_0.extxyz RESTART
+rm -f md.out md.pos_0.extxyz md.for_0.extxyz RESTART
 i-pi input.xml > ipi.log 2>&1 &
 server=$!
 # one torch thread unless told otherwise: the fastest for small systems, and several
