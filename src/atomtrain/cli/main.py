@@ -13,6 +13,7 @@ from ..distributed.faults import PeerFailure
 from ..errors import AtomtrainError
 from ..runtime import keep_freed_memory
 from ..training.outputs import LOGGER_NAME
+from . import convert as convert_command
 from . import eval as eval_command
 from . import export as export_command
 from . import train as train_command
@@ -29,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     )
     main_parser.add_argument("--version", action="version", version=f"atomtrain {__version__}")
     commands = main_parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (train_command, eval_command, export_command):
+    for module in (train_command, eval_command, export_command, convert_command):
         module.add_parser(commands)
     return main_parser
 

@@ -4,6 +4,7 @@ and forces: trajectories, databases, VASP output, ...), with configurable keys a
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,7 +260,17 @@ def read_structures(
         return read_directory(path, keys, units or Units())
     reader = FrameReader(path, keys, units or Units())
     frames = read_frames(path)
-    first = frames[0]
+    forces, stress = targets_wanted(frames[0], keys)
+    structures = [
+        reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)
+    ]
+    reader.report_close_pairs()
+    return structures
+
+
+def targets_wanted(first: ase.Atoms, keys: TargetKeys) -> tuple[bool, bool]:
+    """Whether forces and stress are read from every frame: as ``keys`` says, or, where
+    it leaves the choice, when the first frame has them."""
     forces = keys.read_forces
     if forces is None:
         forces = _lookup(first, keys.forces, per_atom=True) is not None
@@ -269,8 +280,29 @@ def read_structures(
             _lookup(first, keys.stress, per_atom=False) is not None
             or _lookup(first, keys.virial, per_atom=False) is not None
         )
-    structures = [
-        reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)
-    ]
-    reader.report_close_pairs()
-    return structures
+    return forces, stress
+
+
+def iterate_frames(path: Path, start: int = 0, stop: int | None = None) -> Iterator[ase.Atoms]:
+    """Frames ``start`` to ``stop`` of ``path`` one at a time (constant memory), with
+    read_frames' errors."""
+    if not path.exists():
+        raise DataError(f"{path}: data file not found; check the path")
+    kind = file_format(path)
+    described = "extended XYZ" if kind == "extxyz" else f"ASE format '{kind}'"
+    frames = ase.io.iread(path, index=slice(start, stop), format=kind)
+    index = start
+    while True:
+        try:
+            atoms = next(frames)
+        except StopIteration:
+            break
+        except Exception as error:  # ASE raises many types for malformed files
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise DataError(
+                f"{path}, frame {index}: cannot read as {described} ({message})"
+            ) from error
+        yield atoms
+        index += 1
+    if index == 0 and start == 0:
+        raise DataError(f"{path}: the file holds no structure")

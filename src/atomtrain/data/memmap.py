@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from .convert import check_manifest
 from .extxyz import FrameReader, TargetKeys, Units
 from .system import Structure
 
@@ -53,13 +54,13 @@ class MemmapDirectory:
         if self.offsets[0] != 0 or np.any(np.diff(self.offsets) < 0):
             raise DataError(f"{path / 'na.npy'}: atom counts must start at 0 and never decrease")
         self.atoms = int(self.offsets[-1])
-        self.positions = self.array("x.bin", np.float32, (self.atoms, 3))
+        self.manifest = check_manifest(path)
+        self.positions = self.widest("x.bin", "atomtrain_x64.bin", (self.atoms, 3))
         self.numbers = self.array("a.bin", np.int32, (self.atoms,))
-        self.cells = (
-            self.array("c.bin", np.float32, (self.count, 3, 3))
-            if (path / "c.bin").is_file()
-            else None
-        )
+        self.cells = self.widest("c.bin", "atomtrain_c64.bin", (self.count, 3, 3))
+        self.periodic = self.extra("atomtrain_pbc.bin", (self.count, 3))
+        # which of energy, forces, stress each structure has (all, without the file)
+        self.known = self.extra("atomtrain_known.bin", (self.count, 3))
 
     def array(self, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
         """``name`` mapped as ``shape``, after checking that its size is exactly that."""
@@ -77,11 +78,23 @@ class MemmapDirectory:
         return np.memmap(file, dtype=dtype, mode="r", shape=shape)
 
     def target(self, key: str, per_atom: bool, shape: tuple[int, ...]) -> np.ndarray | None:
-        """The float32 target ``key`` (None when its file is absent)."""
-        if not (self.path / f"{key}.bin").is_file():
-            return None
+        """The target ``key`` (None when its file is absent), in float64 where atomtrain
+        wrote a float64 copy, else float32."""
         rows = self.atoms if per_atom else self.count
-        return self.array(f"{key}.bin", np.float32, (rows, *shape))
+        return self.widest(f"{key}.bin", f"atomtrain_{key}64.bin", (rows, *shape))
+
+    def widest(self, name: str, wide_name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        if (self.path / wide_name).is_file():
+            return self.array(wide_name, np.float64, shape)
+        if (self.path / name).is_file():
+            return self.array(name, np.float32, shape)
+        return None
+
+    def extra(self, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        """One of atomtrain's uint8 additions, as booleans (None when absent)."""
+        if not (self.path / name).is_file():
+            return None
+        return self.array(name, np.uint8, shape) != 0
 
 
 def read_directory(path: Path, keys: TargetKeys, units: Units) -> list[Structure]:
@@ -109,7 +122,8 @@ def read_directory(path: Path, keys: TargetKeys, units: Units) -> list[Structure
             if data.cells is not None
             else np.zeros((3, 3))
         )
-        pbc = np.any(cell != 0.0, axis=1)
+        pbc = data.periodic[index] if data.periodic is not None else np.any(cell != 0.0, axis=1)
+        known = data.known[index] if data.known is not None else (True, True, True)
         reader.check_finite(index, "positions (x.bin)", positions)
         reader.check_distances(index, positions, cell, pbc)
         structure = Structure(
@@ -118,15 +132,17 @@ def read_directory(path: Path, keys: TargetKeys, units: Units) -> list[Structure
             cell=torch.from_numpy(cell),
             pbc=torch.from_numpy(pbc),
         )
+        if energies is not None and not known[0]:
+            raise reader.fail(index, f"no energy ({keys.energy}.bin marks it unknown)")
         if energies is not None:
             energy = energies[index].astype(np.float64)
             reader.check_finite(index, f"energy ({keys.energy}.bin)", energy)
             structure.energy = float(energy[0]) * reader.energy
-        if forces is not None:
+        if forces is not None and known[1]:
             values = forces[start:end, :, 0].astype(np.float64)
             reader.check_finite(index, f"forces ({keys.forces}.bin)", values)
             structure.forces = torch.from_numpy(values * reader.energy / reader.length)
-        if stress is not None and pbc.all():
+        if stress is not None and known[2] and pbc.all():
             values = stress[index, :, :, 0].astype(np.float64)
             reader.check_finite(index, f"stress ({keys.stress}.bin)", values)
             structure.stress = torch.from_numpy(values * reader.energy / reader.length**3)

@@ -1,0 +1,303 @@
+"""Convert ASE-readable files into a memory-mapped data directory, streaming: one frame
+in memory at a time, whatever the size of the files.
+
+The directory is metatrain's memmap layout (see memmap.py), so metatrain reads it, with
+atomtrain's additions in files metatrain ignores:
+
+- ``atomtrain.json``: the manifest (format version, units, target keys, counts, source
+  files and the SHA-256 of every file written);
+- ``atomtrain_pbc.bin``: uint8 (ns, 3) periodic directions (metatrain infers them from
+  zero cell rows);
+- ``atomtrain_known.bin``: uint8 (ns, 3), whether each structure's energy, forces and
+  stress are known (unknown ones are stored as zeros);
+- with ``float64``: ``atomtrain_x64.bin``, ``atomtrain_c64.bin`` and
+  ``atomtrain_<target>64.bin``, the same arrays in float64, so that float64 training
+  on the directory is exact.
+
+Values are stored in angstrom and eV (metatrain's defaults). The directory is written
+under a hidden temporary name beside the output and renamed when complete, so an
+interrupted conversion never leaves a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from ..errors import DataError, OptionsError
+from ..io import output_errors, process_umask
+from .extxyz import (
+    FrameReader,
+    TargetKeys,
+    Units,
+    file_format,
+    iterate_frames,
+    targets_wanted,
+)
+from .system import Structure
+
+MANIFEST = "atomtrain.json"
+FORMAT = "atomtrain-memmap-1"
+TARGETS = ("energy", "forces", "stress")
+
+
+@dataclass
+class Source:
+    """One input file, its target keys and units."""
+
+    path: Path
+    keys: TargetKeys = field(default_factory=TargetKeys)
+    units: Units = field(default_factory=Units)
+
+
+class ArrayFiles:
+    """Open .bin files that frames are appended to."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.streams: dict[str, IO[bytes]] = {}
+
+    def append(self, name: str, values: np.ndarray, dtype) -> None:
+        if name not in self.streams:
+            self.streams[name] = open(self.directory / name, "wb")  # noqa: SIM115
+        self.streams[name].write(np.ascontiguousarray(values, dtype=dtype).tobytes())
+
+    def close(self) -> None:
+        for stream in self.streams.values():
+            stream.close()
+
+
+class Converter:
+    """Appends structures to the arrays of one part of a directory being written."""
+
+    def __init__(self, directory: Path, float64: bool):
+        self.files = ArrayFiles(directory)
+        self.float64 = float64
+        self.atom_counts: list[int] = []
+        self.with_target = dict.fromkeys(TARGETS, False)
+
+    def add(self, structure: Structure) -> None:
+        positions = structure.positions.numpy()
+        n_atoms = positions.shape[0]
+        self.atom_counts.append(n_atoms)
+        self.store("x.bin", "atomtrain_x64.bin", positions)
+        self.files.append("a.bin", structure.atomic_numbers.numpy(), np.int32)
+        self.store("c.bin", "atomtrain_c64.bin", structure.cell.numpy())
+        self.files.append("atomtrain_pbc.bin", structure.pbc.numpy(), np.uint8)
+        values = {
+            "energy": None if structure.energy is None else np.array([structure.energy]),
+            "forces": None if structure.forces is None else structure.forces.numpy(),
+            "stress": None if structure.stress is None else structure.stress.numpy(),
+        }
+        shapes = {"energy": (1,), "forces": (n_atoms, 3), "stress": (3, 3)}
+        for name in TARGETS:
+            known = values[name] is not None
+            self.with_target[name] |= known
+            value = values[name] if known else np.zeros(shapes[name])
+            self.store(f"{name}.bin", f"atomtrain_{name}64.bin", value)
+        self.files.append(
+            "atomtrain_known.bin", [values[name] is not None for name in TARGETS], np.uint8
+        )
+
+    def store(self, name: str, wide_name: str, values: np.ndarray) -> None:
+        self.files.append(name, values, np.float32)
+        if self.float64:
+            self.files.append(wide_name, values, np.float64)
+
+
+@dataclass
+class Share:
+    """Frames ``start`` to ``stop`` of source ``source`` (an index into the sources)."""
+
+    source: int
+    start: int
+    stop: int
+
+
+@dataclass
+class Part:
+    """What one process wrote: its files, atom counts and which targets it saw."""
+
+    directory: Path
+    atom_counts: list[int]
+    with_target: dict[str, bool]
+
+
+def convert(sources: list[Source], output: Path, float64: bool = False, processes: int = 1) -> int:
+    """Write ``sources`` into the directory ``output``; the number of structures. With
+    several ``processes``, each converts a contiguous share of the frames and the parts
+    are joined in order: the result is byte-identical to one process's."""
+    if output.exists():
+        raise OptionsError(f"{output} already exists; remove it or choose another output")
+    if not output.parent.resolve().is_dir():
+        raise OptionsError(f"{output}: directory {output.parent} does not exist; create it")
+    with output_errors(output, "data directory"):
+        staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.partial-"))
+        try:
+            counts = [count_frames(source.path) for source in sources]
+            wanted = [first_frame_targets(source) for source in sources]
+            jobs = [
+                (sources, wanted, shares, staging / f"part-{number}", float64)
+                for number, shares in enumerate(split_frames(counts, processes))
+            ]
+            if processes == 1:
+                parts = [convert_shares(*jobs[0])]
+            else:
+                # spawn: the workers must not inherit torch's threads or open files
+                context = multiprocessing.get_context("spawn")
+                with context.Pool(processes) as pool:
+                    parts = pool.starmap(convert_shares, jobs)
+            records = [
+                {"path": str(source.path), "frames": count, "sha256": sha256(source.path)}
+                for source, count in zip(sources, counts)
+            ]
+            total = join_parts(parts, staging, float64, records)
+            os.chmod(staging, 0o777 & ~process_umask())
+            os.rename(staging, output)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return total
+
+
+def split_frames(counts: list[int], processes: int) -> list[list[Share]]:
+    """Contiguous shares of all frames (every file one after the other), as equal as
+    they can be, one per process."""
+    total = sum(counts)
+    bounds = [total * number // processes for number in range(processes + 1)]
+    shares: list[list[Share]] = []
+    for first, last in zip(bounds[:-1], bounds[1:]):
+        mine: list[Share] = []
+        offset = 0
+        for source, count in enumerate(counts):
+            start, stop = max(first - offset, 0), min(last - offset, count)
+            if start < stop:
+                mine.append(Share(source, start, stop))
+            offset += count
+        shares.append(mine)
+    return shares
+
+
+def first_frame_targets(source: Source) -> tuple[bool, bool]:
+    """Forces and stress are read from every frame of a file when its first frame has
+    them (or the keys say so), as when training reads the file."""
+    first = next(iterate_frames(source.path))
+    return targets_wanted(first, source.keys)
+
+
+def convert_shares(
+    sources: list[Source],
+    wanted: list[tuple[bool, bool]],
+    shares: list[Share],
+    directory: Path,
+    float64: bool,
+) -> Part:
+    directory.mkdir()
+    converter = Converter(directory, float64)
+    for share in shares:
+        source = sources[share.source]
+        reader = FrameReader(source.path, source.keys, source.units)
+        frames = iterate_frames(source.path, share.start, share.stop)
+        for index, atoms in enumerate(frames, start=share.start):
+            converter.add(reader.structure(index, atoms, *wanted[share.source]))
+        reader.report_close_pairs()
+    converter.files.close()
+    return Part(directory, converter.atom_counts, converter.with_target)
+
+
+def join_parts(parts: list[Part], directory: Path, float64: bool, sources: list[dict]) -> int:
+    """The parts' files joined in order into ``directory``, with the counts and the
+    manifest; the number of structures."""
+    with_target = {name: any(part.with_target[name] for part in parts) for name in TARGETS}
+    names = sorted({file.name for part in parts for file in part.directory.iterdir()})
+    for name in names:
+        target = next((t for t in TARGETS if name in (f"{t}.bin", f"atomtrain_{t}64.bin")), None)
+        if target is not None and not with_target[target]:
+            continue  # no structure has it: no file, as metatrain's writer does
+        with open(directory / name, "wb") as joined:
+            for part in parts:
+                if (part.directory / name).is_file():
+                    with open(part.directory / name, "rb") as piece:
+                        shutil.copyfileobj(piece, joined, 1 << 20)
+    for part in parts:
+        shutil.rmtree(part.directory)
+    atom_counts = [count for part in parts for count in part.atom_counts]
+    # metatrain's writer saves ns as a 0-d array; its reader takes that
+    np.save(directory / "ns.npy", np.array(len(atom_counts), dtype=np.int64))
+    np.save(directory / "na.npy", np.concatenate([[0], np.cumsum(atom_counts)]).astype(np.int64))
+    manifest = {
+        "format": FORMAT,
+        "units": {"length": "angstrom", "energy": "eV"},
+        "keys": {name: name for name in TARGETS if with_target[name]},
+        "structures": len(atom_counts),
+        "atoms": int(sum(atom_counts)),
+        "float64": float64,
+        "sources": sources,
+        "files": {
+            file.name: sha256(file) for file in sorted(directory.iterdir()) if file.is_file()
+        },
+    }
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return len(atom_counts)
+
+
+def count_frames(path: Path) -> int:
+    """How many frames ``path`` holds: for extended XYZ by skipping lines (no parsing),
+    else by reading the frames one at a time."""
+    if not path.exists():
+        raise DataError(f"{path}: data file not found; check the path")
+    if file_format(path) != "extxyz":
+        return sum(1 for _ in iterate_frames(path))
+    count = 0
+    with open(path, "rb") as stream:
+        for line in stream:
+            if not line.strip():
+                continue
+            try:
+                n_atoms = int(line)
+            except ValueError as error:
+                raise DataError(
+                    f"{path}, frame {count}: expected a line with the number of atoms, found "
+                    f"{line[:40]!r}"
+                ) from error
+            for _ in range(n_atoms + 1):
+                next(stream, None)
+            count += 1
+    if count == 0:
+        raise DataError(f"{path}: the file holds no structure")
+    return count
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_manifest(directory: Path) -> dict | None:
+    """The manifest of a directory atomtrain wrote (None for other directories),
+    refused in one line when a newer atomtrain wrote it."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as error:
+        raise DataError(f"{path}: not readable JSON ({error})") from error
+    written = manifest.get("format", "")
+    if written != FORMAT:
+        raise DataError(
+            f"{path}: data directory format '{written}', this atomtrain reads '{FORMAT}'; "
+            "convert the data again with this version (atomtrain convert) or update atomtrain"
+        )
+    return manifest
