@@ -64,7 +64,7 @@ def run_convert(data: Path, output: Path, processes: int) -> tuple[float, int]:
     result = subprocess.run(
         [sys.executable, "-c", MEASURED, *command], capture_output=True, text=True, check=True
     )
-    code, wall, peak_kb = result.stdout.split()
+    code, wall, peak_kb = result.stdout.strip().splitlines()[-1].split()
     if code != "0":
         raise RuntimeError(f"convert failed: {result.stderr[-2000:]}")
     return float(wall), int(peak_kb)

@@ -142,3 +142,32 @@ def test_two_processes_write_the_bytes_of_one(tmp_path):
     structures = read_structures(tmp_path / "two")
     assert len(structures) == 65
     assert structures[0].stress is None and structures[40].stress is not None
+
+
+def test_a_killed_conversion_leaves_no_directory_that_looks_complete(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    frames = ase.io.read(RESOURCES / "ethanol_40.xyz", ":")
+    ase.io.write(tmp_path / "big.xyz", frames * 100)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "atomtrain", "convert", str(tmp_path / "big.xyz")]
+        + ["-o", str(tmp_path / "out")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    written = []
+    while not written and time.monotonic() < deadline and process.poll() is None:
+        written = [f for f in tmp_path.glob(".out.partial-*/part-0/x.bin") if f.stat().st_size]
+        time.sleep(0.01)
+    assert written, "the conversion never started writing"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "out").exists()
+    assert [path.name.startswith(".out.partial-") for path in tmp_path.glob(".out*")] == [True]
+    # the leftover does not stand in the way of converting again
+    assert convert(tmp_path / "big.xyz", "-o", tmp_path / "out") == 0
+    assert len(read_structures(tmp_path / "out")) == 4000
