@@ -482,3 +482,33 @@ def test_disk_full_while_checkpointing_is_named_and_keeps_the_last_checkpoint(tm
     assert "checkpoint" in lines[-1] and str(run_dir / "last.ckpt") in lines[-1]
     assert torch.load(run_dir / "last.ckpt", weights_only=True)["epoch"] == 1
     assert not list(run_dir.glob("*.tmp"))
+
+
+def test_sigterm_on_a_directory_run_then_resume_with_two(tmp_path, reference):
+    """A memory-mapped directory (atomtrain convert --float64 of the same file) stopped
+    mid-run and resumed with two processes gives the uninterrupted model of the file."""
+    from atomtrain.cli.main import main
+
+    assert main(["convert", str(ETHANOL), "-o", str(tmp_path / "data"), "--float64"]) == 0
+    options = write_options(
+        tmp_path,
+        tmp_path / "data",
+        architecture__training__batch_size=4,
+        architecture__training__num_epochs=EPOCHS,
+        architecture__training__checkpoint_interval=1,
+    )
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        train_command(options, run_dir),
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_epochs(run_dir, 2, [process])
+    process.send_signal(signal.SIGTERM)
+    ((code, _, error),) = finish([process])
+    assert code == 75 and "training stopped by SIGTERM" in error
+    results = finish(start_ranks(train_command(options, run_dir, "--restart", "auto")))
+    assert all(code == 0 for code, _, _ in results), results
+    assert_same_model(final_state(run_dir), reference)
