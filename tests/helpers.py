@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+
 import ase
+import pytest
 import torch
 
 from atomtrain.data import collate, read_structures
@@ -97,3 +102,58 @@ def checkpoint_weights(path):
 
 def run_directories(outputs):
     return sorted(path.parent for path in outputs.glob("*/*/train.log"))
+
+
+# processes launched as srun would launch them (SLURM variables, no srun needed)
+
+
+def environment(**extra):
+    clean = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(
+            ("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC")
+        )
+    }
+    return {**clean, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def start_ranks(command, world_size=2, **extra):
+    """Start one process per rank, as srun would (SLURM variables, no srun needed)."""
+    port = free_port()
+    processes = []
+    for rank in range(world_size):
+        env = environment(
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS=str(world_size),
+            SLURM_LOCALID=str(rank),
+            SLURM_JOB_NODELIST="localhost",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            **extra,
+        )
+        processes.append(
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    return processes
+
+
+def finish(processes, limit=120):
+    results = []
+    for process in processes:
+        try:
+            out, err = process.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+            pytest.fail(f"process {process.pid} did not exit: {err[-2000:]}")
+        results.append((process.returncode, out, err))
+    return results

@@ -15,7 +15,7 @@ from atomtrain.data import read_structures
 from atomtrain.data.convert import MANIFEST
 
 from conftest import RESOURCES
-from helpers import checkpoint_weights, write_options
+from helpers import checkpoint_weights, finish, start_ranks, write_options
 
 
 def convert(*arguments) -> int:
@@ -171,3 +171,34 @@ def test_a_killed_conversion_leaves_no_directory_that_looks_complete(tmp_path):
     # the leftover does not stand in the way of converting again
     assert convert(tmp_path / "big.xyz", "-o", tmp_path / "out") == 0
     assert len(read_structures(tmp_path / "out")) == 4000
+
+
+def test_two_srun_tasks_write_the_bytes_of_one_process(tmp_path):
+    """Launched as srun launches tasks (SLURM variables): each converts its share and
+    rank 0 joins them; the same bytes as one process, and one line of output."""
+    import sys
+
+    inputs = [str(RESOURCES / "ethanol_40.xyz"), str(RESOURCES / "si_test.xyz")]
+    assert convert(*inputs, "-o", tmp_path / "one") == 0
+    command = [sys.executable, "-m", "atomtrain", "convert", *inputs, "-o", str(tmp_path / "two")]
+    results = finish(start_ranks(command))
+    assert [code for code, _, _ in results] == [0, 0], results
+    assert "with 2 process(es)" in results[0][1] and results[1][1] == ""
+    for file in (tmp_path / "one").iterdir():
+        assert file.read_bytes() == (tmp_path / "two" / file.name).read_bytes(), file.name
+    assert not list(tmp_path.glob(".two.partial-*"))
+
+
+def test_a_bad_frame_in_one_tasks_share_stops_both_and_leaves_nothing(tmp_path):
+    import sys
+
+    frames = ase.io.read(RESOURCES / "ethanol_40.xyz", ":")
+    frames[30].positions[2, 1] = np.nan  # in rank 1's share (frames 20 to 39)
+    ase.io.write(tmp_path / "bad.xyz", frames)
+    command = [sys.executable, "-m", "atomtrain", "convert", str(tmp_path / "bad.xyz")]
+    results = finish(start_ranks([*command, "-o", str(tmp_path / "out")]))
+    (code_0, _, error_0), (code_1, _, error_1) = results
+    assert code_1 == 2
+    assert error_1.strip().endswith("frame 30: positions contains NaN or infinite values")
+    assert code_0 == 3 and "rank 1" in error_0 and len(error_0.strip().splitlines()) == 1
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bad.xyz"]

@@ -16,22 +16,11 @@ import pytest
 import torch
 
 from conftest import RESOURCES
-from helpers import write_options
+from helpers import environment, finish, start_ranks, write_options
 
 PYTHON = sys.executable
 ETHANOL = RESOURCES / "ethanol_40.xyz"
 EPOCHS = 12
-
-
-def environment(**extra):
-    clean = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(
-            ("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC")
-        )
-    }
-    return {**clean, "PYTHONUNBUFFERED": "1", **extra}
 
 
 def options_in(directory, **changes):
@@ -55,34 +44,6 @@ def train_command(options, run_dir, *extra):
         str(run_dir),
         *map(str, extra),
     ]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
-def start_ranks(command, world_size=2, **extra):
-    """Start one process per rank, as srun would (SLURM variables, no srun needed)."""
-    port = free_port()
-    processes = []
-    for rank in range(world_size):
-        env = environment(
-            SLURM_PROCID=str(rank),
-            SLURM_NTASKS=str(world_size),
-            SLURM_LOCALID=str(rank),
-            SLURM_JOB_NODELIST="localhost",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-            **extra,
-        )
-        processes.append(
-            subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-        )
-    return processes
 
 
 def resume_auto(options, run_dir) -> None:
@@ -109,19 +70,6 @@ def wait_for_epochs(run_dir: Path, epochs: int, processes, limit=120.0):
             pytest.fail(f"training ended early: {outputs}")
         time.sleep(0.02)
     pytest.fail("training did not start in time")
-
-
-def finish(processes, limit=120):
-    results = []
-    for process in processes:
-        try:
-            out, err = process.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            out, err = process.communicate()
-            pytest.fail(f"process {process.pid} did not exit: {err[-2000:]}")
-        results.append((process.returncode, out, err))
-    return results
 
 
 def final_state(run_dir: Path):

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import time
 from pathlib import Path
 
-from ..data.convert import Source, convert
+from ..data.convert import (
+    Source,
+    convert,
+    convert_shares,
+    finish_output,
+    plan,
+    start_output,
+)
 from ..data.extxyz import Units
+from ..distributed.context import initialize
+from ..distributed.env import detect_launch
 from ..errors import OptionsError
 from ..training.datasets import target_keys
 from .eval import dataset_options
@@ -53,9 +64,49 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.nproc < 1:
         raise OptionsError(f"--nproc {arguments.nproc}: give at least 1 process")
     start = time.perf_counter()
-    count = convert(sources, arguments.output, arguments.float64, arguments.nproc)
+    launch = detect_launch(os.environ)
+    if launch.is_distributed:
+        if arguments.nproc != 1:
+            raise OptionsError(
+                f"--nproc {arguments.nproc} under {launch.kind}: the launcher already started "
+                "the processes; leave --nproc out"
+            )
+        count = convert_as_ranks(sources, arguments.output, arguments.float64, launch)
+        if launch.rank != 0:
+            return 0
+        arguments.nproc = launch.world_size
+    else:
+        count = convert(sources, arguments.output, arguments.float64, arguments.nproc)
     print(
         f"converted {count} structures from {len(sources)} file(s) into {arguments.output} "
         f"in {time.perf_counter() - start:.1f} s with {arguments.nproc} process(es)"
     )
     return 0
+
+
+def convert_as_ranks(sources: list[Source], output: Path, float64: bool, launch) -> int:
+    """Under srun or torchrun: rank 0 plans, every rank converts its share of the
+    frames into the staging directory (a file system all ranks share), rank 0 joins
+    the parts. A failure on any rank stops all of them, and no output is left."""
+    context = initialize(launch, "cpu", timeout=300.0)
+    staging = None
+    try:
+        with context.guard():
+            setup = None
+            if context.is_main:
+                staging = start_output(output)
+                setup = (staging, *plan(sources, context.world_size))
+            staging, counts, wanted, shares = context.broadcast_object(setup)
+            directory = staging / f"part-{context.rank}"
+            part = convert_shares(sources, wanted, shares[context.rank], directory, float64)
+            parts = context.all_gather_objects(part)
+            total = sum(counts)
+            if context.is_main:
+                total = finish_output(parts, staging, output, float64, sources, counts)
+    except BaseException as error:
+        if context.is_main and staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        context.fail(error)
+        raise
+    context.close()
+    return total

@@ -136,18 +136,13 @@ def convert(sources: list[Source], output: Path, float64: bool = False, processe
     """Write ``sources`` into the directory ``output``; the number of structures. With
     several ``processes``, each converts a contiguous share of the frames and the parts
     are joined in order: the result is byte-identical to one process's."""
-    if output.exists():
-        raise OptionsError(f"{output} already exists; remove it or choose another output")
-    if not output.parent.resolve().is_dir():
-        raise OptionsError(f"{output}: directory {output.parent} does not exist; create it")
+    staging = start_output(output)
     with output_errors(output, "data directory"):
-        staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.partial-"))
         try:
-            counts = [count_frames(source.path) for source in sources]
-            wanted = [first_frame_targets(source) for source in sources]
+            counts, wanted, shares = plan(sources, processes)
             jobs = [
-                (sources, wanted, shares, staging / f"part-{number}", float64)
-                for number, shares in enumerate(split_frames(counts, processes))
+                (sources, wanted, mine, staging / f"part-{number}", float64)
+                for number, mine in enumerate(shares)
             ]
             if processes == 1:
                 parts = [convert_shares(*jobs[0])]
@@ -156,15 +151,47 @@ def convert(sources: list[Source], output: Path, float64: bool = False, processe
                 context = multiprocessing.get_context("spawn")
                 with context.Pool(processes) as pool:
                     parts = pool.starmap(convert_shares, jobs)
-            records = [
-                {"path": str(source.path), "frames": count, "sha256": sha256(source.path)}
-                for source, count in zip(sources, counts)
-            ]
-            total = join_parts(parts, staging, float64, records)
-            os.chmod(staging, 0o777 & ~process_umask())
-            os.rename(staging, output)
+            return finish_output(parts, staging, output, float64, sources, counts)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def start_output(output: Path) -> Path:
+    """Check that ``output`` can be created; the hidden staging directory beside it."""
+    if output.exists():
+        raise OptionsError(f"{output} already exists; remove it or choose another output")
+    if not output.parent.resolve().is_dir():
+        raise OptionsError(f"{output}: directory {output.parent} does not exist; create it")
+    with output_errors(output, "data directory"):
+        return Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.partial-"))
+
+
+def plan(
+    sources: list[Source], processes: int
+) -> tuple[list[int], list[tuple[bool, bool]], list[list[Share]]]:
+    """Frames per source, the targets read from each, and each process's shares."""
+    counts = [count_frames(source.path) for source in sources]
+    wanted = [first_frame_targets(source) for source in sources]
+    return counts, wanted, split_frames(counts, processes)
+
+
+def finish_output(
+    parts: list[Part],
+    staging: Path,
+    output: Path,
+    float64: bool,
+    sources: list[Source],
+    counts: list[int],
+) -> int:
+    """Join the parts, write counts and manifest, and rename the staging directory to
+    ``output``; the number of structures."""
+    records = [
+        {"path": str(source.path), "frames": count, "sha256": sha256(source.path)}
+        for source, count in zip(sources, counts)
+    ]
+    total = join_parts(parts, staging, float64, records)
+    os.chmod(staging, 0o777 & ~process_umask())
+    os.rename(staging, output)
     return total
 
 
