@@ -23,14 +23,14 @@ ETHANOL = RESOURCES / "ethanol_40.xyz"
 EPOCHS = 12
 
 
-def options_in(directory, **changes):
+def options_in(directory, data=ETHANOL, **changes):
     settings = {
         "architecture__training__batch_size": 4,
         "architecture__training__num_epochs": EPOCHS,
         "architecture__training__checkpoint_interval": 1,
         **changes,
     }
-    return write_options(directory, ETHANOL, **settings)
+    return write_options(directory, data, **settings)
 
 
 def train_command(options, run_dir, *extra):
@@ -121,8 +121,17 @@ def test_signal_on_one_rank_stops_both_and_resume_with_one_process(tmp_path, ref
     assert_same_model(final_state(run_dir), reference)
 
 
-def test_sigterm_on_single_process_then_resume_with_two(tmp_path, reference):
-    options = options_in(tmp_path)
+@pytest.mark.parametrize("data", ["file", "directory"])
+def test_sigterm_on_single_process_then_resume_with_two(tmp_path, reference, data):
+    """Also on a memory-mapped directory (atomtrain convert --float64 of the same
+    file): the resumed run ends with the uninterrupted single-process model."""
+    source = ETHANOL
+    if data == "directory":
+        from atomtrain.cli.main import main
+
+        source = tmp_path / "data"
+        assert main(["convert", str(ETHANOL), "-o", str(source), "--float64"]) == 0
+    options = options_in(tmp_path, source)
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
         train_command(options, run_dir),
@@ -430,33 +439,3 @@ def test_disk_full_while_checkpointing_is_named_and_keeps_the_last_checkpoint(tm
     assert "checkpoint" in lines[-1] and str(run_dir / "last.ckpt") in lines[-1]
     assert torch.load(run_dir / "last.ckpt", weights_only=True)["epoch"] == 1
     assert not list(run_dir.glob("*.tmp"))
-
-
-def test_sigterm_on_a_directory_run_then_resume_with_two(tmp_path, reference):
-    """A memory-mapped directory (atomtrain convert --float64 of the same file) stopped
-    mid-run and resumed with two processes gives the uninterrupted model of the file."""
-    from atomtrain.cli.main import main
-
-    assert main(["convert", str(ETHANOL), "-o", str(tmp_path / "data"), "--float64"]) == 0
-    options = write_options(
-        tmp_path,
-        tmp_path / "data",
-        architecture__training__batch_size=4,
-        architecture__training__num_epochs=EPOCHS,
-        architecture__training__checkpoint_interval=1,
-    )
-    run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        train_command(options, run_dir),
-        env=environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for_epochs(run_dir, 2, [process])
-    process.send_signal(signal.SIGTERM)
-    ((code, _, error),) = finish([process])
-    assert code == 75 and "training stopped by SIGTERM" in error
-    results = finish(start_ranks(train_command(options, run_dir, "--restart", "auto")))
-    assert all(code == 0 for code, _, _ in results), results
-    assert_same_model(final_state(run_dir), reference)
