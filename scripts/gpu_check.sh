@@ -8,7 +8,8 @@
 # 2. one process trains the ethanol example on the GPU for two epochs, and
 #    `atomtrain eval` runs the exported model there;
 # 3. torchrun with one process per visible GPU trains the same options (NCCL between
-#    the processes when there are two GPUs or more; with one, a single process).
+#    the processes when there are two GPUs or more; with one, a single process);
+# 4. the exported metatomic model runs on the GPU through metatomic-ase.
 # Each step prints what it checked; the script stops at the first failure.
 set -euo pipefail
 
@@ -31,4 +32,22 @@ OVERRIDES=(-r device=cuda -r architecture.training.num_epochs=2 -r architecture.
 time atomtrain train options.yaml -o single.pt "${OVERRIDES[@]}"
 time atomtrain eval single.pt ethanol_1000.xyz -o predictions.xyz
 time torchrun --standalone --nproc_per_node "$GPUS" -m atomtrain train options.yaml -o torchrun.pt "${OVERRIDES[@]}"
+# 4. the exported metatomic model on the GPU through metatomic-ase gives the CPU's
+#    energy and forces (the engine's path: neighbor list, autograd through it)
+python - single.pt <<'PYTHON'
+import sys
+import ase.io
+import numpy as np
+from metatomic_ase import MetatomicCalculator
+model = sys.argv[1]
+atoms = ase.io.read("ethanol_1000.xyz", 0)
+results = {}
+for device in ("cpu", "cuda"):
+    atoms.calc = MetatomicCalculator(model, extensions_directory="extensions", device=device)
+    results[device] = (atoms.get_potential_energy(), atoms.get_forces())
+energy = abs(results["cpu"][0] - results["cuda"][0])
+forces = np.abs(results["cpu"][1] - results["cuda"][1]).max()
+print(f"gpu_check: metatomic on cuda vs cpu: energy {energy:.2e} eV, forces {forces:.2e} eV/A")
+assert energy < 1e-3 and forces < 1e-3, "the metatomic model on the GPU differs from the CPU"
+PYTHON
 echo "gpu_check: all steps passed"
