@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import DistributedError
-from ..training.stopping import give_back_signals, take_stop_signals
+from ..signals import give_back_signals, take_stop_signals
 from .context import check_port_free
 from .env import hostname
 
