@@ -2,7 +2,10 @@
 
 
 class AtomtrainError(Exception):
-    """An error caused by the user's input or environment, shown as one line."""
+    """An error caused by the user's input or environment, shown as one line. Each
+    class declares the exit code the command line returns for it."""
+
+    exit_code = 2  # bad input, or an output that cannot be written
 
 
 class DataError(AtomtrainError):

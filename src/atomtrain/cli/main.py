@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         # an error every rank reached together is printed once, by rank 0
         if not getattr(error, "collective", False) or _rank() == 0:
             print(f"atomtrain: {error}", file=sys.stderr)
-        code = getattr(error, "exit_code", EXIT_USER_ERROR)
+        code = error.exit_code
         if isinstance(error, PeerFailure) and argv is None:
             # a lost peer can leave threads blocked on dead sockets: do not wait for them
             sys.stdout.flush()
