@@ -118,6 +118,12 @@ ENGINE_SIDE = textwrap.dedent(
         result["selected_samples"] = block.samples.values.tolist()
         result["selected_energies"] = block.values.detach().reshape(-1).tolist()
         results.append(result)
+    # several systems in one call (as batched engines send them): the same energies
+    frames = [ase.io.read(path) for path in request["structures"]]
+    batched = calculator.compute_energy(frames, compute_forces_and_stresses=True)
+    for result, energy, forces in zip(results, batched["energy"], batched["forces"]):
+        result["batched_energy"] = float(energy)
+        result["batched_forces"] = np.asarray(forces).tolist()
     roots = ("atomtrain", "sphericart")
     imported = sorted(name for name in sys.modules if name.split(".")[0] in roots)
     print(json.dumps({"results": results, "imported": imported}))
@@ -170,6 +176,8 @@ def test_metatomic_calculator_gives_atomtrains_predictions(case, request, tmp_pa
             assert np.abs(stress).max() > 1e-5
             np.testing.assert_allclose(result["stress"], stress, atol=1e-10, rtol=0)
         assert sum(result["energies"]) == pytest.approx(result["energy"], abs=1e-9, rel=0)
+        assert result["batched_energy"] == pytest.approx(result["energy"], abs=1e-10, rel=0)
+        np.testing.assert_allclose(result["batched_forces"], result["forces"], atol=1e-10)
         assert result["finite_difference_error"] < 1e-6
         assert result["selected_samples"] == [[0, 1], [0, 2]]
         np.testing.assert_allclose(
