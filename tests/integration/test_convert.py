@@ -100,6 +100,8 @@ def test_a_molecule_keeps_its_missing_cell_and_a_yaml_section_sets_keys(tmp_path
         ("exists", ["out already exists", "remove it"]),
         ("nan", ["bad.xyz, frame 2", "NaN"]),
         ("newer", ["atomtrain.json", "format 'atomtrain-memmap-99'", "convert the data again"]),
+        ("changed", ["x.bin changed since atomtrain convert", "convert the data again"]),
+        ("units", ["stored this directory in angstrom and eV", "length_unit"]),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, capsys, case, fragments):
@@ -117,10 +119,20 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, capsys, case, fragme
     else:
         assert convert(source, "-o", tmp_path / "out") == 0
         manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
-        manifest["format"] = "atomtrain-memmap-99"
-        (tmp_path / "out" / MANIFEST).write_text(json.dumps(manifest))
+        data = str(tmp_path / "out")
+        if case == "newer":
+            manifest["format"] = "atomtrain-memmap-99"
+            (tmp_path / "out" / MANIFEST).write_text(json.dumps(manifest))
+        elif case == "changed":
+            positions = bytearray((tmp_path / "out" / "x.bin").read_bytes())
+            positions[5] ^= 0xFF
+            (tmp_path / "out" / "x.bin").write_bytes(bytes(positions))
+        else:
+            section = {"systems": {"read_from": data, "length_unit": "bohr"}}
+            (tmp_path / "data.yaml").write_text(json.dumps(section))
+            data = str(tmp_path / "data.yaml")
         capsys.readouterr()
-        code = main(["eval", str(RESOURCES / "old_export" / "model.pt"), str(tmp_path / "out")])
+        code = main(["eval", str(RESOURCES / "old_export" / "model.pt"), data])
     assert code == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1, error

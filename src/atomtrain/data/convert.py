@@ -267,6 +267,9 @@ def join_parts(parts: list[Part], directory: Path, float64: bool, sources: list[
         "structures": len(atom_counts),
         "atoms": int(sum(atom_counts)),
         "float64": float64,
+        # what every frame passed on its way in (FrameReader.structure): a reader that
+        # finds every checksum unchanged need not check the frames again
+        "checked": ["finite values", "no atoms on top of each other"],
         "sources": sources,
         "files": {
             file.name: sha256(file) for file in sorted(directory.iterdir()) if file.is_file()
@@ -313,7 +316,8 @@ def sha256(path: Path) -> str:
 
 def check_manifest(directory: Path) -> dict | None:
     """The manifest of a directory atomtrain wrote (None for other directories),
-    refused in one line when a newer atomtrain wrote it."""
+    refused in one line when another format version wrote it or when a file no longer
+    has the checksum it was written with."""
     path = directory / MANIFEST
     if not path.is_file():
         return None
@@ -326,5 +330,15 @@ def check_manifest(directory: Path) -> dict | None:
         raise DataError(
             f"{path}: data directory format '{written}', this atomtrain reads '{FORMAT}'; "
             "convert the data again with this version (atomtrain convert) or update atomtrain"
+        )
+    changed = [
+        name
+        for name, digest in manifest.get("files", {}).items()
+        if not (directory / name).is_file() or sha256(directory / name) != digest
+    ]
+    if changed:
+        raise DataError(
+            f"{directory}: {', '.join(changed)} changed since atomtrain convert wrote them "
+            f"(SHA-256 differs from {MANIFEST}); convert the data again"
         )
     return manifest
