@@ -295,3 +295,32 @@ def test_ase_nve_conserves_the_total_energy(ethanol, tmp_path):
     assert change < 1.0, f"total energy changed by {change:.3f} meV/atom"
     assert table["temperature_K"].mean() > 50  # it moved
     assert (tmp_path / "md_nve.png").stat().st_size > 10_000
+
+
+def test_atomtrain_imported_after_an_engine_loaded_the_model(ethanol, tmp_path):
+    """metatomic loads the collected copy of sphericart's library; importing atomtrain
+    (which imports sphericart.torch) afterwards must not load it a second time, which
+    aborts the process. Both calculators then agree, and sphericart's autograd works."""
+    model, _ = ethanol
+    script = textwrap.dedent(
+        f"""
+        import ase.io, numpy, torch
+        from metatomic_ase import MetatomicCalculator
+        atoms = ase.io.read({str(RESOURCES / "ethanol_40.xyz")!r}, 0)
+        atoms.calc = MetatomicCalculator({str(model)!r},
+                                         extensions_directory={str(model.parent / "extensions")!r})
+        energy, forces = atoms.get_potential_energy(), atoms.get_forces()
+        from atomtrain.ase import Calculator
+        atoms.calc = Calculator({str(model)!r})
+        assert abs(atoms.get_potential_energy() - energy) < 1e-10
+        assert numpy.abs(atoms.get_forces() - forces).max() < 1e-10
+        import sphericart.torch
+        x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+        sphericart.torch.SphericalHarmonics(2)(x).sum().backward()
+        assert x.grad.abs().sum() > 0
+        print("agree")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("agree")

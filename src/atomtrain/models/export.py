@@ -20,6 +20,7 @@ import torch
 
 from ..errors import AtomtrainError
 from ..io import atomic_save_with_directory
+from .harmonics_library import import_sphericart_torch
 
 # the model's hyperparameters, stored beside the TorchScript code (which does not keep
 # them) so that an exported model can be fine-tuned
@@ -82,7 +83,7 @@ def atomistic_model(model: torch.nn.Module):
 def export(model: torch.nn.Module, path: str | Path) -> None:
     """Write ``model`` as a metatomic model to ``path``, atomically, with the torch
     extensions it needs collected in ``extensions/`` beside it."""
-    import sphericart.torch  # noqa: F401  (its operator is one of the collected extensions)
+    import_sphericart_torch()  # its operator is one of the collected extensions
 
     path = Path(path)
     with warnings.catch_warnings():
@@ -105,7 +106,7 @@ def load_exported(
     batched ``forward``), or an older atomtrain export. ``extra`` names what export
     stores beside the code (HYPERS_FILE, BASELINE_SPAN_FILE), filled in on return
     (empty when absent)."""
-    import sphericart.torch  # noqa: F401  (loads the operator and its autograd formulas)
+    import_sphericart_torch()  # the operator and its autograd formulas
 
     path = Path(path)
     if not path.exists():

@@ -12,8 +12,11 @@ import math
 import numpy as np
 import scipy.optimize
 import scipy.special
-import sphericart.torch
 import torch
+
+from .harmonics_library import import_sphericart_torch
+
+sphericart_torch = import_sphericart_torch()
 
 
 def cosine_cutoff(distances: torch.Tensor, radius: float, width: float) -> torch.Tensor:
@@ -175,7 +178,7 @@ class SoapPowerSpectrum(torch.nn.Module):
         self.max_angular = max_angular
         wavenumbers = torch.arange(1, self.n_radial + 1, dtype=torch.float64) * (math.pi / cutoff)
         self.register_buffer("wavenumbers", wavenumbers)
-        self.spherical_harmonics = sphericart.torch.SphericalHarmonics(max_angular)
+        self.spherical_harmonics = sphericart_torch.SphericalHarmonics(max_angular)
         # Each l block of the density (2l + 1 values of m) is spread over 2 max_angular + 1
         # columns, zeros after its own, so that all l are one batched matrix product; the
         # spreading is a product with a 0/1 matrix (cheaper to differentiate twice than a
