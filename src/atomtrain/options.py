@@ -352,7 +352,8 @@ class SystemsOptions(Strict):
     """File with the structures: extended XYZ, or any format ASE reads with energies and
     forces (trajectory, database, VASP output, ...), told apart by ASE from its name and
     content; or a directory in metatrain's memory-mapped layout (ns.npy, na.npy, x.bin,
-    a.bin, c.bin, <key>.bin). Relative paths are relative to the options file."""
+    a.bin, c.bin, <key>.bin), as `atomtrain convert` writes it. Relative paths are
+    relative to the options file."""
     length_unit: LengthUnit = "angstrom"
     """Unit of positions and cell: angstrom, bohr or nm."""
 
