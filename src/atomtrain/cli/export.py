@@ -14,9 +14,10 @@ from ..training.checkpoint import load_checkpoint, model_from_checkpoint
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "export",
-        help="export a checkpoint to a TorchScript model file",
-        description="Export the best model of a checkpoint to one TorchScript file, usable "
-        "without atomtrain's training code (e.g. from ASE with atomtrain.ase.Calculator).",
+        help="export a checkpoint to a metatomic model file for MD engines",
+        description="Export the best model of a checkpoint as a metatomic model (model.pt, "
+        "with the torch extensions it needs in extensions/ beside it), for ASE, i-PI, "
+        "LAMMPS and TorchSim through metatomic, or atomtrain.ase.Calculator.",
     )
     parser.add_argument("checkpoint", type=Path, help="checkpoint (.ckpt) written by training")
     parser.add_argument(
