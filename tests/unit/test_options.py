@@ -11,7 +11,7 @@ import yaml
 from atomtrain.errors import OptionsError
 from atomtrain.options import load_options, parse_options
 from atomtrain.training.datasets import file_labels
-from atomtrain.training.loop import build_model, model_options_of
+from atomtrain.training.setup import build_model, model_options_of
 
 from conftest import RESOURCES, ROOT
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import random
 import shutil
 import sys
 from pathlib import Path
@@ -24,18 +23,8 @@ from ..io import check_writable_directory
 from ..models.soap_bpnn import SoapBpnn
 from ..options import Options, load_options
 from ..training.checkpoint import load_checkpoint, newest_complete_checkpoint
-from ..training.datasets import load_datasets
 from ..training.finetune import adopt_pretrained
-from ..training.loop import (
-    Run,
-    batch_plan,
-    build_model,
-    describe_data,
-    describe_model,
-    model_elements,
-    train,
-    training_dtype,
-)
+from ..training.loop import train
 from ..training.outputs import (
     LOGGER_NAME,
     close_logging,
@@ -43,6 +32,7 @@ from ..training.outputs import (
     newest_run_directory,
     setup_logging,
 )
+from ..training.setup import Run, describe_model, fresh_seed, prepare, training_dtype
 from ..training.stopping import CollectiveError, TrainingStopped
 from .export import check_output_path
 
@@ -192,20 +182,17 @@ def decide_on_rank_0(context, decide):
 
 
 def check_only(options: Options, launch: LaunchInfo, pretrained: SoapBpnn | None) -> int:
-    """Everything a run reads and checks before training, then what it would do."""
+    """Everything a run reads and checks before training (prepare(), as a run calls it,
+    with the seed rule of a run), then what it would do."""
     setup_logging(0, None)
-    seed = options.seed if options.seed is not None else 0
-    datasets = load_datasets(options, seed)
+    seed = options.seed if options.seed is not None else fresh_seed()
+    prepared = prepare(options, single_process(torch.device("cpu")), seed, None, pretrained)
     training_options = options.architecture.training
-    model = pretrained or build_model(options, model_elements(options, datasets.training))
-    plan = batch_plan(
-        datasets.training, training_options, seed, single_process(torch.device("cpu"))
-    )
-    logger.info(describe_data(datasets))
-    logger.info(describe_model(model, training_dtype(options)))
+    logger.info(describe_model(prepared.model, training_dtype(options)))
     logger.info(
-        f"{plan.steps_per_epoch} steps per epoch, {training_options.num_epochs} epochs; "
-        f"{launch.world_size} process(es) ({launch.kind}) on {device_type(options.device)}"
+        f"{prepared.plan.steps_per_epoch} steps per epoch, {training_options.num_epochs} "
+        f"epochs; {launch.world_size} process(es) ({launch.kind}) on "
+        f"{device_type(options.device)}"
     )
     logger.info("options and data are usable; nothing was trained (--check)")
     return 0
@@ -264,7 +251,7 @@ def run(arguments: argparse.Namespace) -> int:
             seed = int(restart_state["seed"])
         with context.guard():
             if seed is None:
-                seed = context.broadcast_object(random.SystemRandom().randrange(2**31))
+                seed = context.broadcast_object(fresh_seed())
             logger.info(f"atomtrain train {arguments.options} -> {directory}")
             if checkpoint is not None:
                 logger.info(f"resuming from {checkpoint}")

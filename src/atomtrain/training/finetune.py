@@ -13,7 +13,7 @@ from ..models.export import BASELINE_SPAN_FILE, HYPERS_FILE, load_exported
 from ..models.soap_bpnn import SoapBpnn
 from ..options import FINETUNE_LEARNING_RATE, Options
 from .checkpoint import best_model
-from .loop import model_options_of
+from .setup import model_options_of
 
 
 def pretrained_model(path: str) -> SoapBpnn:

@@ -12,173 +12,36 @@ import logging
 import math
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import tqdm
 
 from ..data.batch import collate, empty_batch
-from ..data.sampler import BatchPlan, pack_once, shard_by_work
+from ..data.sampler import shard_by_work
 from ..data.system import Structure
 from ..distributed import Context
-from ..errors import DataError
 from ..models.export import export
-from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
-from ..options import FINETUNE_LEARNING_RATE, ModelOptions, Options, TrainingOptions, expanded
-from .baseline import fit_baseline, refit_undetermined_baseline
-from .checkpoint import model_from_checkpoint, save_checkpoint
-from .datasets import Datasets, elements, file_labels, load_datasets
+from ..models.soap_bpnn import ARCHITECTURE_NAME
+from ..options import Options, expanded
+from .checkpoint import save_checkpoint
+from .datasets import Datasets
 from .evaluation import metric_sums, predict
 from .losses import GlobalCounts, batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
 from .outputs import LOGGER_NAME, append_csv, plot_learning_curves, write_run_record
 from .schedule import make_scheduler
+from .setup import (
+    Run,
+    describe_model,
+    labelled_files,
+    prepare,
+    targets_given,
+    training_dtype,
+)
 from .stopping import NonFiniteLoss, ParametersDiverged, StopRequest, TrainingStopped
 
 logger = logging.getLogger(LOGGER_NAME)
-
-
-@dataclass
-class Run:
-    """What the command line decided: where outputs go and what to resume from."""
-
-    directory: Path  # chosen by rank 0, known to all ranks
-    restart_state: dict[str, Any] | None = None
-    output_path: Path | None = None
-    pretrained: SoapBpnn | None = None  # the model to fine-tune, if any
-
-
-def training_dtype(options: Options) -> torch.dtype:
-    return torch.float64 if options.base_precision == 64 else torch.float32
-
-
-def model_elements(options: Options, training: list[Structure]) -> list[int]:
-    """The elements a new model is built for: atomic_types, else the training set's."""
-    return options.architecture.atomic_types or sorted(elements(training))
-
-
-def build_model(options: Options, atomic_types: list[int]) -> SoapBpnn:
-    model_options = options.architecture.model
-    return SoapBpnn(
-        atomic_types,
-        cutoff=model_options.soap.cutoff.radius,
-        cutoff_width=model_options.soap.cutoff.width,
-        max_radial=model_options.soap.max_radial,
-        max_angular=model_options.soap.max_angular,
-        num_hidden_layers=model_options.bpnn.num_hidden_layers,
-        num_neurons_per_layer=model_options.bpnn.num_neurons_per_layer,
-        layernorm=model_options.bpnn.layernorm,
-    )
-
-
-def model_options_of(hypers: dict[str, Any]) -> ModelOptions:
-    """The model section that builds a model with these hyperparameters: the inverse
-    of build_model, for a run that starts from a trained model."""
-    return ModelOptions.model_validate(
-        {
-            "soap": {
-                "cutoff": {"radius": hypers["cutoff"], "width": hypers["cutoff_width"]},
-                "max_radial": hypers["max_radial"],
-                "max_angular": hypers["max_angular"],
-            },
-            "bpnn": {
-                "num_hidden_layers": hypers["num_hidden_layers"],
-                "num_neurons_per_layer": hypers["num_neurons_per_layer"],
-                "layernorm": hypers["layernorm"],
-            },
-        }
-    )
-
-
-def batch_plan(
-    training: list[Structure], options: TrainingOptions, seed: int, context: Context
-) -> BatchPlan:
-    """Fixed-size global batches, or batches packed by atom count (logged by rank 0,
-    since how many structures a step holds then depends on the data)."""
-    limit = options.max_atoms_per_batch
-    if limit is None:
-        return BatchPlan(len(training), options.batch_size, seed)
-    atom_counts = [structure.n_atoms for structure in training]
-    packed = pack_once(atom_counts, seed, limit, options.min_atoms_per_batch)
-    if not packed:
-        raise DataError(
-            f"no training batch holds architecture.training.min_atoms_per_batch = "
-            f"{options.min_atoms_per_batch} atoms (the training set has "
-            f"{sum(atom_counts)} in all); lower min_atoms_per_batch"
-        )
-    kept = sum(len(batch) for batch in packed)
-    average = kept / len(packed)
-    notes = [f"{len(packed)} batches of at most {limit} atoms, {average:.1f} structures on average"]
-    if kept < len(training):
-        notes.append(f"structures left out by min_atoms_per_batch: {len(training) - kept}")
-    larger = sum(1 for count in atom_counts if count > limit)
-    if larger:
-        notes.append(f"structures larger than the limit, each a batch of its own: {larger}")
-    logger.info("training batches packed by atom count: " + "; ".join(notes))
-    if average < context.world_size and context.is_main:  # the same plan on every rank
-        logger.warning(
-            f"packed batches hold {average:.1f} structures on average for {context.world_size} "
-            "processes: some processes have nothing to do in most steps; raise "
-            "architecture.training.max_atoms_per_batch"
-        )
-    return BatchPlan(len(training), options.batch_size, seed, packed)
-
-
-def labelled_files(
-    files: list[tuple[str, list[Structure]]],
-) -> list[tuple[str, list[Structure]]]:
-    """A set's non-empty shares by file, labelled for tables, when it has several files."""
-    if len(files) < 2:
-        return []
-    labels = file_labels([path for path, _ in files])
-    return [(label, structures) for label, (_, structures) in zip(labels, files) if structures]
-
-
-def targets_given(structures: list[Structure]) -> tuple[int, int]:
-    """How many structures have forces, and how many a stress."""
-    return (
-        sum(structure.forces is not None for structure in structures),
-        sum(structure.stress is not None for structure in structures),
-    )
-
-
-def describe_data(datasets: Datasets) -> str:
-    training = datasets.training
-    with_forces, with_stress = targets_given(training)
-    return (
-        f"data: {len(training)} training, {len(datasets.validation)} validation, "
-        f"{len(datasets.test)} test structures; targets: energy"
-        + describe_share("forces", with_forces, len(training))
-        + describe_share("stress", with_stress, len(training))
-    )
-
-
-def describe_training(datasets: Datasets, finetuned_from: str | None) -> str:
-    """What the model was trained on, for the exported model's description."""
-    files = sorted({Path(path).name for path, _ in datasets.files["training"]})
-    training = datasets.training
-    with_forces, with_stress = targets_given(training)
-    targets = "energy" + (", forces" if with_forces else "") + (", stress" if with_stress else "")
-    text = f"trained on {len(training)} structures of {', '.join(files)} ({targets})"
-    if finetuned_from is not None:
-        text = f"fine-tuned from {Path(finetuned_from).name}, {text}"
-    return text
-
-
-def describe_model(model: SoapBpnn, dtype: torch.dtype) -> str:
-    n_parameters = sum(parameter.numel() for parameter in model.parameters())
-    return (
-        f"model: SOAP-BPNN, {model.soap.n_features} features, {n_parameters} parameters, "
-        f"elements {model.atomic_types}, {dtype}"
-    )
-
-
-def describe_share(target: str, given: int, total: int) -> str:
-    if given == 0:
-        return ""
-    return f", {target}" + (f" ({given} of {total} structures)" if given < total else "")
 
 
 def global_counts(structures: list[Structure], indices: list[int]) -> GlobalCounts:
@@ -236,47 +99,26 @@ class Trainer:
         self.training_options = options.architecture.training
         self.loss_options = self.training_options.loss
         self.dtype = training_dtype(options)
-        self.datasets: Datasets = load_datasets(options, seed)
+        state = run.restart_state
+        prepared = prepare(options, context, seed, state, run.pretrained)
+        self.datasets: Datasets = prepared.datasets
+        self.model = prepared.model
+        self.plan = prepared.plan
         self.adapt_threads()  # reading may have taken long enough to tell
         training = self.datasets.training
         self.validation_files = labelled_files(self.datasets.files["validation"])
         with_forces, with_stress = targets_given(training)
         self.forces, self.stress = with_forces > 0, with_stress > 0
-        logger.info(describe_data(self.datasets))
-        state = run.restart_state
         if context.is_main and state is None:
             record = expanded(options)
             record["seed"] = seed
             write_run_record(run.directory, record, self.datasets.split)
-        torch.manual_seed(seed)
-        if state is not None:
-            self.model = model_from_checkpoint(state, best=False).set_precision(self.dtype)
-        elif run.pretrained is not None:
-            self.model = run.pretrained.set_precision(self.dtype)
-            finetune = self.training_options.finetune
-            assert finetune is not None
-            logger.info(
-                f"fine-tuning the best model of {finetune.read_from} (all parameters) at "
-                f"learning rate {self.training_options.learning_rate:g} (fine-tuning's default "
-                f"when unset: {FINETUNE_LEARNING_RATE:g}); its per-element energy baseline "
-                "and target scale are kept"
-            )
-            refit_undetermined_baseline(self.model, training, context)
-        else:
-            model = build_model(options, model_elements(options, training))
-            self.model = model.set_precision(self.dtype)
-            fit_baseline(self.model, training, options, context)
-        finetune = self.training_options.finetune
-        self.model.trained_on = describe_training(
-            self.datasets, finetune.read_from if finetune is not None else None
-        )
         self.model.to(context.device)
         context.broadcast_parameters(self.model)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(
             self.parameters, lr=self.training_options.learning_rate, fused=True
         )
-        self.plan = batch_plan(training, self.training_options, seed, context)
         self.steps_per_epoch = self.plan.steps_per_epoch
         self.scheduler = make_scheduler(
             self.optimizer,

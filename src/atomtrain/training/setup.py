@@ -1,0 +1,221 @@
+"""Setting up a run: its data, its model with the energy baseline, its batch plan.
+Training and ``train --check`` both start from :func:`prepare`, so what --check reports
+is what a run would do."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.sampler import BatchPlan, pack_once
+from ..data.system import Structure
+from ..distributed import Context
+from ..errors import DataError
+from ..models.soap_bpnn import SoapBpnn
+from ..options import FINETUNE_LEARNING_RATE, ModelOptions, Options, TrainingOptions
+from .baseline import fit_baseline, refit_undetermined_baseline
+from .checkpoint import model_from_checkpoint
+from .datasets import Datasets, elements, file_labels, load_datasets
+from .outputs import LOGGER_NAME
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+@dataclass
+class Run:
+    """What the command line decided: where outputs go and what to resume from."""
+
+    directory: Path  # chosen by rank 0, known to all ranks
+    restart_state: dict[str, Any] | None = None
+    output_path: Path | None = None
+    pretrained: SoapBpnn | None = None  # the model to fine-tune, if any
+
+
+def training_dtype(options: Options) -> torch.dtype:
+    return torch.float64 if options.base_precision == 64 else torch.float32
+
+
+def model_elements(options: Options, training: list[Structure]) -> list[int]:
+    """The elements a new model is built for: atomic_types, else the training set's."""
+    return options.architecture.atomic_types or sorted(elements(training))
+
+
+def build_model(options: Options, atomic_types: list[int]) -> SoapBpnn:
+    model_options = options.architecture.model
+    return SoapBpnn(
+        atomic_types,
+        cutoff=model_options.soap.cutoff.radius,
+        cutoff_width=model_options.soap.cutoff.width,
+        max_radial=model_options.soap.max_radial,
+        max_angular=model_options.soap.max_angular,
+        num_hidden_layers=model_options.bpnn.num_hidden_layers,
+        num_neurons_per_layer=model_options.bpnn.num_neurons_per_layer,
+        layernorm=model_options.bpnn.layernorm,
+    )
+
+
+def model_options_of(hypers: dict[str, Any]) -> ModelOptions:
+    """The model section that builds a model with these hyperparameters: the inverse
+    of build_model, for a run that starts from a trained model."""
+    return ModelOptions.model_validate(
+        {
+            "soap": {
+                "cutoff": {"radius": hypers["cutoff"], "width": hypers["cutoff_width"]},
+                "max_radial": hypers["max_radial"],
+                "max_angular": hypers["max_angular"],
+            },
+            "bpnn": {
+                "num_hidden_layers": hypers["num_hidden_layers"],
+                "num_neurons_per_layer": hypers["num_neurons_per_layer"],
+                "layernorm": hypers["layernorm"],
+            },
+        }
+    )
+
+
+def batch_plan(
+    training: list[Structure], options: TrainingOptions, seed: int, context: Context
+) -> BatchPlan:
+    """Fixed-size global batches, or batches packed by atom count (logged by rank 0,
+    since how many structures a step holds then depends on the data)."""
+    limit = options.max_atoms_per_batch
+    if limit is None:
+        return BatchPlan(len(training), options.batch_size, seed)
+    atom_counts = [structure.n_atoms for structure in training]
+    packed = pack_once(atom_counts, seed, limit, options.min_atoms_per_batch)
+    if not packed:
+        raise DataError(
+            f"no training batch holds architecture.training.min_atoms_per_batch = "
+            f"{options.min_atoms_per_batch} atoms (the training set has "
+            f"{sum(atom_counts)} in all); lower min_atoms_per_batch"
+        )
+    kept = sum(len(batch) for batch in packed)
+    average = kept / len(packed)
+    notes = [f"{len(packed)} batches of at most {limit} atoms, {average:.1f} structures on average"]
+    if kept < len(training):
+        notes.append(f"structures left out by min_atoms_per_batch: {len(training) - kept}")
+    larger = sum(1 for count in atom_counts if count > limit)
+    if larger:
+        notes.append(f"structures larger than the limit, each a batch of its own: {larger}")
+    logger.info("training batches packed by atom count: " + "; ".join(notes))
+    if average < context.world_size and context.is_main:  # the same plan on every rank
+        logger.warning(
+            f"packed batches hold {average:.1f} structures on average for {context.world_size} "
+            "processes: some processes have nothing to do in most steps; raise "
+            "architecture.training.max_atoms_per_batch"
+        )
+    return BatchPlan(len(training), options.batch_size, seed, packed)
+
+
+def labelled_files(
+    files: list[tuple[str, list[Structure]]],
+) -> list[tuple[str, list[Structure]]]:
+    """A set's non-empty shares by file, labelled for tables, when it has several files."""
+    if len(files) < 2:
+        return []
+    labels = file_labels([path for path, _ in files])
+    return [(label, structures) for label, (_, structures) in zip(labels, files) if structures]
+
+
+def targets_given(structures: list[Structure]) -> tuple[int, int]:
+    """How many structures have forces, and how many a stress."""
+    return (
+        sum(structure.forces is not None for structure in structures),
+        sum(structure.stress is not None for structure in structures),
+    )
+
+
+def describe_data(datasets: Datasets) -> str:
+    training = datasets.training
+    with_forces, with_stress = targets_given(training)
+    return (
+        f"data: {len(training)} training, {len(datasets.validation)} validation, "
+        f"{len(datasets.test)} test structures; targets: energy"
+        + describe_share("forces", with_forces, len(training))
+        + describe_share("stress", with_stress, len(training))
+    )
+
+
+def describe_training(datasets: Datasets, finetuned_from: str | None) -> str:
+    """What the model was trained on, for the exported model's description."""
+    files = sorted({Path(path).name for path, _ in datasets.files["training"]})
+    training = datasets.training
+    with_forces, with_stress = targets_given(training)
+    targets = "energy" + (", forces" if with_forces else "") + (", stress" if with_stress else "")
+    text = f"trained on {len(training)} structures of {', '.join(files)} ({targets})"
+    if finetuned_from is not None:
+        text = f"fine-tuned from {Path(finetuned_from).name}, {text}"
+    return text
+
+
+def describe_model(model: SoapBpnn, dtype: torch.dtype) -> str:
+    n_parameters = sum(parameter.numel() for parameter in model.parameters())
+    return (
+        f"model: SOAP-BPNN, {model.soap.n_features} features, {n_parameters} parameters, "
+        f"elements {model.atomic_types}, {dtype}"
+    )
+
+
+def describe_share(target: str, given: int, total: int) -> str:
+    if given == 0:
+        return ""
+    return f", {target}" + (f" ({given} of {total} structures)" if given < total else "")
+
+
+def fresh_seed() -> int:
+    """The seed of a run whose options give none (rank 0's, shared with the others)."""
+    return random.SystemRandom().randrange(2**31)
+
+
+@dataclass
+class Prepared:
+    """What a run starts from."""
+
+    datasets: Datasets
+    model: SoapBpnn  # on the CPU, in the training precision, with its baseline
+    plan: BatchPlan
+
+
+def prepare(
+    options: Options,
+    context: Context,
+    seed: int,
+    restart_state: dict[str, Any] | None = None,
+    pretrained: SoapBpnn | None = None,
+) -> Prepared:
+    """Read the data (split with ``seed``), build the model (from a checkpoint being
+    resumed, a model being fine-tuned, or anew with its fitted baseline) and deal the
+    batches. Collective over ``context`` (the baseline is fitted from every rank's
+    share)."""
+    datasets = load_datasets(options, seed)
+    logger.info(describe_data(datasets))
+    training = datasets.training
+    dtype = training_dtype(options)
+    torch.manual_seed(seed)
+    if restart_state is not None:
+        model = model_from_checkpoint(restart_state, best=False).set_precision(dtype)
+    elif pretrained is not None:
+        model = pretrained.set_precision(dtype)
+        training_options = options.architecture.training
+        assert training_options.finetune is not None
+        logger.info(
+            f"fine-tuning the best model of {training_options.finetune.read_from} (all "
+            f"parameters) at learning rate {training_options.learning_rate:g} (fine-tuning's "
+            f"default when unset: {FINETUNE_LEARNING_RATE:g}); its per-element energy "
+            "baseline and target scale are kept"
+        )
+        refit_undetermined_baseline(model, training, context)
+    else:
+        model = build_model(options, model_elements(options, training)).set_precision(dtype)
+        fit_baseline(model, training, options, context)
+    finetune = options.architecture.training.finetune
+    model.trained_on = describe_training(
+        datasets, finetune.read_from if finetune is not None else None
+    )
+    plan = batch_plan(training, options.architecture.training, seed, context)
+    return Prepared(datasets, model, plan)
