@@ -22,9 +22,9 @@ from ..runtime import BusyCores
 from ..training.checkpoint import best_model
 from ..training.datasets import elements, file_labels, read_files
 from ..training.evaluation import local_batches, predict
-from ..training.loop import metrics_table
 from ..training.metrics import MetricSums, finalize
 from ..training.outputs import LOGGER_NAME, setup_logging
+from ..training.reports import metrics_table
 from .export import check_output_path
 
 logger = logging.getLogger(LOGGER_NAME)

@@ -32,7 +32,8 @@ from ..training.outputs import (
     newest_run_directory,
     setup_logging,
 )
-from ..training.setup import Run, describe_model, fresh_seed, prepare, training_dtype
+from ..training.reports import describe_model
+from ..training.setup import Run, fresh_seed, prepare, training_dtype
 from ..training.stopping import CollectiveError, TrainingStopped
 from .export import check_output_path
 

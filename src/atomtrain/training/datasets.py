@@ -165,3 +165,11 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         split={part: split[0][part] for part in files} if len(split) == 1 else split,
         files=files,
     )
+
+
+def targets_given(structures: list[Structure]) -> tuple[int, int]:
+    """How many structures have forces, and how many a stress."""
+    return (
+        sum(structure.forces is not None for structure in structures),
+        sum(structure.stress is not None for structure in structures),
+    )

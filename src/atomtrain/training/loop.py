@@ -25,18 +25,17 @@ from ..models.export import export
 from ..models.soap_bpnn import ARCHITECTURE_NAME
 from ..options import Options, expanded
 from .checkpoint import save_checkpoint
-from .datasets import Datasets
+from .datasets import Datasets, targets_given
 from .evaluation import metric_sums, predict
 from .losses import GlobalCounts, batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
 from .outputs import LOGGER_NAME, append_csv, plot_learning_curves, write_run_record
+from .reports import describe, describe_model, metrics_table
 from .schedule import make_scheduler
 from .setup import (
     Run,
-    describe_model,
     labelled_files,
     prepare,
-    targets_given,
     training_dtype,
 )
 from .stopping import NonFiniteLoss, ParametersDiverged, StopRequest, TrainingStopped
@@ -74,18 +73,6 @@ def selection_metric(metrics: dict[str, float], options: Options) -> float:
         if value is not None:
             total += weight * (value if kind == "mae" else value**2)
     return total
-
-
-def describe(metrics: dict[str, float]) -> str:
-    parts = []
-    for target, label, unit, factor in (
-        ("energy_per_atom", "E", "meV/atom", 1e3),
-        ("forces", "F", "meV/A", 1e3),
-        ("stress", "S", "meV/A^3", 1e3),
-    ):
-        if f"{target}_rmse" in metrics:
-            parts.append(f"{label} RMSE {metrics[f'{target}_rmse'] * factor:.4g} {unit}")
-    return ", ".join(parts) if parts else "no targets"
 
 
 class Trainer:
@@ -407,33 +394,6 @@ def check_same_parameters(context: Context, model: torch.nn.Module, step: int) -
             f"{float(-spread[2]):.17g} to {float(spread[0]):.17g}); this is a bug or a "
             "faulty device: please report it"
         )
-
-
-def metrics_table(
-    results: dict[str, dict[str, float]], title: str = "metrics of the best model"
-) -> str:
-    """Final metrics, one row per set: RMSE and MAE per target, energies in meV."""
-    columns = [
-        ("energy_per_atom_rmse", "E/atom RMSE", 1e3),
-        ("energy_per_atom_mae", "E/atom MAE", 1e3),
-        ("energy_rmse", "E RMSE", 1e3),
-        ("energy_mae", "E MAE", 1e3),
-        ("forces_rmse", "F RMSE", 1e3),
-        ("forces_mae", "F MAE", 1e3),
-        ("stress_rmse", "S RMSE", 1e3),
-        ("stress_mae", "S MAE", 1e3),
-    ]
-    present = [c for c in columns if any(c[0] in metrics for metrics in results.values())]
-    width = max(12, *(len(name) + 2 for name in results))
-    header = f"{'set':<{width}}" + "".join(f"{label:>14}" for _, label, _ in present)
-    lines = [f"{title} (meV, meV/atom, meV/A, meV/A^3):", header]
-    for name, metrics in results.items():
-        cells = "".join(
-            f"{metrics[key] * factor:>14.4f}" if key in metrics else f"{'-':>14}"
-            for key, _, factor in present
-        )
-        lines.append(f"{name:<{width}}" + cells)
-    return "\n".join(lines)
 
 
 def train(options: Options, context: Context, run: Run, seed: int) -> dict[str, dict[str, float]]:

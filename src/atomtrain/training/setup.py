@@ -22,6 +22,7 @@ from .baseline import fit_baseline, refit_undetermined_baseline
 from .checkpoint import model_from_checkpoint
 from .datasets import Datasets, elements, file_labels, load_datasets
 from .outputs import LOGGER_NAME
+from .reports import describe_data, describe_training
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -120,51 +121,6 @@ def labelled_files(
         return []
     labels = file_labels([path for path, _ in files])
     return [(label, structures) for label, (_, structures) in zip(labels, files) if structures]
-
-
-def targets_given(structures: list[Structure]) -> tuple[int, int]:
-    """How many structures have forces, and how many a stress."""
-    return (
-        sum(structure.forces is not None for structure in structures),
-        sum(structure.stress is not None for structure in structures),
-    )
-
-
-def describe_data(datasets: Datasets) -> str:
-    training = datasets.training
-    with_forces, with_stress = targets_given(training)
-    return (
-        f"data: {len(training)} training, {len(datasets.validation)} validation, "
-        f"{len(datasets.test)} test structures; targets: energy"
-        + describe_share("forces", with_forces, len(training))
-        + describe_share("stress", with_stress, len(training))
-    )
-
-
-def describe_training(datasets: Datasets, finetuned_from: str | None) -> str:
-    """What the model was trained on, for the exported model's description."""
-    files = sorted({Path(path).name for path, _ in datasets.files["training"]})
-    training = datasets.training
-    with_forces, with_stress = targets_given(training)
-    targets = "energy" + (", forces" if with_forces else "") + (", stress" if with_stress else "")
-    text = f"trained on {len(training)} structures of {', '.join(files)} ({targets})"
-    if finetuned_from is not None:
-        text = f"fine-tuned from {Path(finetuned_from).name}, {text}"
-    return text
-
-
-def describe_model(model: SoapBpnn, dtype: torch.dtype) -> str:
-    n_parameters = sum(parameter.numel() for parameter in model.parameters())
-    return (
-        f"model: SOAP-BPNN, {model.soap.n_features} features, {n_parameters} parameters, "
-        f"elements {model.atomic_types}, {dtype}"
-    )
-
-
-def describe_share(target: str, given: int, total: int) -> str:
-    if given == 0:
-        return ""
-    return f", {target}" + (f" ({given} of {total} structures)" if given < total else "")
 
 
 def fresh_seed() -> int:

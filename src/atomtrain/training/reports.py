@@ -1,0 +1,87 @@
+"""What a run reports: one-line descriptions of its data and model, per-epoch errors,
+and the table of final metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..models.soap_bpnn import SoapBpnn
+from .datasets import Datasets, targets_given
+
+
+def describe_data(datasets: Datasets) -> str:
+    training = datasets.training
+    with_forces, with_stress = targets_given(training)
+    return (
+        f"data: {len(training)} training, {len(datasets.validation)} validation, "
+        f"{len(datasets.test)} test structures; targets: energy"
+        + describe_share("forces", with_forces, len(training))
+        + describe_share("stress", with_stress, len(training))
+    )
+
+
+def describe_training(datasets: Datasets, finetuned_from: str | None) -> str:
+    """What the model was trained on, for the exported model's description."""
+    files = sorted({Path(path).name for path, _ in datasets.files["training"]})
+    training = datasets.training
+    with_forces, with_stress = targets_given(training)
+    targets = "energy" + (", forces" if with_forces else "") + (", stress" if with_stress else "")
+    text = f"trained on {len(training)} structures of {', '.join(files)} ({targets})"
+    if finetuned_from is not None:
+        text = f"fine-tuned from {Path(finetuned_from).name}, {text}"
+    return text
+
+
+def describe_model(model: SoapBpnn, dtype: torch.dtype) -> str:
+    n_parameters = sum(parameter.numel() for parameter in model.parameters())
+    return (
+        f"model: SOAP-BPNN, {model.soap.n_features} features, {n_parameters} parameters, "
+        f"elements {model.atomic_types}, {dtype}"
+    )
+
+
+def describe_share(target: str, given: int, total: int) -> str:
+    if given == 0:
+        return ""
+    return f", {target}" + (f" ({given} of {total} structures)" if given < total else "")
+
+
+def describe(metrics: dict[str, float]) -> str:
+    parts = []
+    for target, label, unit, factor in (
+        ("energy_per_atom", "E", "meV/atom", 1e3),
+        ("forces", "F", "meV/A", 1e3),
+        ("stress", "S", "meV/A^3", 1e3),
+    ):
+        if f"{target}_rmse" in metrics:
+            parts.append(f"{label} RMSE {metrics[f'{target}_rmse'] * factor:.4g} {unit}")
+    return ", ".join(parts) if parts else "no targets"
+
+
+def metrics_table(
+    results: dict[str, dict[str, float]], title: str = "metrics of the best model"
+) -> str:
+    """Final metrics, one row per set: RMSE and MAE per target, energies in meV."""
+    columns = [
+        ("energy_per_atom_rmse", "E/atom RMSE", 1e3),
+        ("energy_per_atom_mae", "E/atom MAE", 1e3),
+        ("energy_rmse", "E RMSE", 1e3),
+        ("energy_mae", "E MAE", 1e3),
+        ("forces_rmse", "F RMSE", 1e3),
+        ("forces_mae", "F MAE", 1e3),
+        ("stress_rmse", "S RMSE", 1e3),
+        ("stress_mae", "S MAE", 1e3),
+    ]
+    present = [c for c in columns if any(c[0] in metrics for metrics in results.values())]
+    width = max(12, *(len(name) + 2 for name in results))
+    header = f"{'set':<{width}}" + "".join(f"{label:>14}" for _, label, _ in present)
+    lines = [f"{title} (meV, meV/atom, meV/A, meV/A^3):", header]
+    for name, metrics in results.items():
+        cells = "".join(
+            f"{metrics[key] * factor:>14.4f}" if key in metrics else f"{'-':>14}"
+            for key, _, factor in present
+        )
+        lines.append(f"{name:<{width}}" + cells)
+    return "\n".join(lines)
