@@ -100,7 +100,9 @@ class MemmapDirectory:
 def read_directory(path: Path, keys: TargetKeys, units: Units) -> list[Structure]:
     """Every structure of a memmap directory, in angstrom and eV."""
     data = MemmapDirectory(path)
-    reader = FrameReader(path, keys, units)
+    # a directory atomtrain converted, unchanged since (checksums): its frames were
+    # checked on the way in
+    reader = FrameReader(path, keys, units, checked=data.manifest is not None)
     energies = data.target(keys.energy, False, (1,))
     if energies is None and keys.require_energy:
         raise DataError(
@@ -113,10 +115,7 @@ def read_directory(path: Path, keys: TargetKeys, units: Units) -> list[Structure
     stress = data.target(keys.stress, False, (3, 3, 1)) if keys.read_stress is not False else None
     if stress is None and keys.read_stress:
         raise DataError(f"{path}: no {keys.stress}.bin for the stress; set 'stress: false'")
-    # a directory atomtrain converted, unchanged since (checksums): its frames were
-    # checked on the way in, and checking 1M of them again would take minutes
-    verified = data.manifest is not None
-    if verified and (reader.length != 1.0 or reader.energy != 1.0):
+    if reader.checked and (reader.length != 1.0 or reader.energy != 1.0):
         raise DataError(
             f"{path}: atomtrain convert stored this directory in angstrom and eV; leave "
             "length_unit and the energy unit at angstrom and eV when reading it"
@@ -132,9 +131,8 @@ def read_directory(path: Path, keys: TargetKeys, units: Units) -> list[Structure
         )
         pbc = data.periodic[index] if data.periodic is not None else np.any(cell != 0.0, axis=1)
         known = data.known[index] if data.known is not None else (True, True, True)
-        if not verified:
-            reader.check_finite(index, "positions (x.bin)", positions)
-            reader.check_distances(index, positions, cell, pbc)
+        reader.check_finite(index, "positions (x.bin)", positions)
+        reader.check_distances(index, positions, cell, pbc)
         structure = Structure(
             positions=torch.from_numpy(positions),
             atomic_numbers=torch.from_numpy(data.numbers[start:end].astype(np.int64)),
@@ -145,18 +143,15 @@ def read_directory(path: Path, keys: TargetKeys, units: Units) -> list[Structure
             raise reader.fail(index, f"no energy ({keys.energy}.bin marks it unknown)")
         if energies is not None:
             energy = energies[index].astype(np.float64)
-            if not verified:
-                reader.check_finite(index, f"energy ({keys.energy}.bin)", energy)
+            reader.check_finite(index, f"energy ({keys.energy}.bin)", energy)
             structure.energy = float(energy[0]) * reader.energy
         if forces is not None and known[1]:
             values = forces[start:end, :, 0].astype(np.float64)
-            if not verified:
-                reader.check_finite(index, f"forces ({keys.forces}.bin)", values)
+            reader.check_finite(index, f"forces ({keys.forces}.bin)", values)
             structure.forces = torch.from_numpy(values * reader.energy / reader.length)
         if stress is not None and known[2] and pbc.all():
             values = stress[index, :, :, 0].astype(np.float64)
-            if not verified:
-                reader.check_finite(index, f"stress ({keys.stress}.bin)", values)
+            reader.check_finite(index, f"stress ({keys.stress}.bin)", values)
             structure.stress = torch.from_numpy(values * reader.energy / reader.length**3)
         structures.append(structure)
     reader.report_close_pairs()
