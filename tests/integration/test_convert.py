@@ -3,6 +3,7 @@ like the files (exactly, with --float64), in metatrain's layout, written atomica
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import ase.io
@@ -66,6 +67,10 @@ def test_the_directory_is_metatrains_layout(tmp_path):
         "stress": "stress",
     }
     assert set(manifest["files"]) >= {"x.bin", "a.bin", "c.bin", "energy.bin", "stress.bin"}
+    source = RESOURCES / "si_test.xyz"
+    (record,) = manifest["sources"]
+    assert record["frames"] == count
+    assert record["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
     structures = read_structures(directory)
     assert all(structure.pbc.all() for structure in structures)
     assert structures[3].stress is not None

@@ -96,13 +96,13 @@ def convert_as_ranks(sources: list[Source], output: Path, float64: bool, launch)
             if context.is_main:
                 staging = start_output(output)
                 setup = (staging, *plan(sources, context.world_size))
-            staging, counts, wanted, shares = context.broadcast_object(setup)
+            staging, records, wanted, shares = context.broadcast_object(setup)
             directory = staging / f"part-{context.rank}"
             part = convert_shares(sources, wanted, shares[context.rank], directory, float64)
             parts = context.all_gather_objects(part)
-            total = sum(counts)
+            total = sum(record["frames"] for record in records)
             if context.is_main:
-                total = finish_output(parts, staging, output, float64, sources, counts)
+                total = finish_output(parts, staging, output, float64, records)
     except BaseException as error:
         if context.is_main and staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

@@ -139,7 +139,7 @@ def convert(sources: list[Source], output: Path, float64: bool = False, processe
     staging = start_output(output)
     with output_errors(output, "data directory"):
         try:
-            counts, wanted, shares = plan(sources, processes)
+            records, wanted, shares = plan(sources, processes)
             jobs = [
                 (sources, wanted, mine, staging / f"part-{number}", float64)
                 for number, mine in enumerate(shares)
@@ -151,7 +151,7 @@ def convert(sources: list[Source], output: Path, float64: bool = False, processe
                 context = multiprocessing.get_context("spawn")
                 with context.Pool(processes) as pool:
                     parts = pool.starmap(convert_shares, jobs)
-            return finish_output(parts, staging, output, float64, sources, counts)
+            return finish_output(parts, staging, output, float64, records)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -168,11 +168,15 @@ def start_output(output: Path) -> Path:
 
 def plan(
     sources: list[Source], processes: int
-) -> tuple[list[int], list[tuple[bool, bool]], list[list[Share]]]:
-    """Frames per source, the targets read from each, and each process's shares."""
-    counts = [count_frames(source.path) for source in sources]
+) -> tuple[list[dict], list[tuple[bool, bool]], list[list[Share]]]:
+    """Each source's record for the manifest (path, frames, SHA-256), the targets read
+    from each, and each process's shares of the frames."""
+    records = [
+        dict(zip(("path", "frames", "sha256"), (str(source.path), *survey(source.path))))
+        for source in sources
+    ]
     wanted = [first_frame_targets(source) for source in sources]
-    return counts, wanted, split_frames(counts, processes)
+    return records, wanted, split_frames([record["frames"] for record in records], processes)
 
 
 def finish_output(
@@ -180,15 +184,10 @@ def finish_output(
     staging: Path,
     output: Path,
     float64: bool,
-    sources: list[Source],
-    counts: list[int],
+    records: list[dict],
 ) -> int:
     """Join the parts, write counts and manifest, and rename the staging directory to
     ``output``; the number of structures."""
-    records = [
-        {"path": str(source.path), "frames": count, "sha256": sha256(source.path)}
-        for source, count in zip(sources, counts)
-    ]
     total = join_parts(parts, staging, float64, records)
     os.chmod(staging, 0o777 & ~process_umask())
     os.rename(staging, output)
@@ -279,16 +278,18 @@ def join_parts(parts: list[Part], directory: Path, float64: bool, sources: list[
     return len(atom_counts)
 
 
-def count_frames(path: Path) -> int:
-    """How many frames ``path`` holds: for extended XYZ by skipping lines (no parsing),
-    else by reading the frames one at a time."""
+def survey(path: Path) -> tuple[int, str]:
+    """How many frames ``path`` holds, and its SHA-256: for extended XYZ in one pass over
+    the bytes, skipping lines (no parsing); else by reading the frames one at a time."""
     if not path.exists():
         raise DataError(f"{path}: data file not found; check the path")
     if file_format(path) != "extxyz":
-        return sum(1 for _ in iterate_frames(path))
+        return sum(1 for _ in iterate_frames(path)), sha256(path)
     count = 0
+    digest = hashlib.sha256()
     with open(path, "rb") as stream:
         for line in stream:
+            digest.update(line)
             if not line.strip():
                 continue
             try:
@@ -299,11 +300,11 @@ def count_frames(path: Path) -> int:
                     f"{line[:40]!r}"
                 ) from error
             for _ in range(n_atoms + 1):
-                next(stream, None)
+                digest.update(next(stream, b""))
             count += 1
     if count == 0:
         raise DataError(f"{path}: the file holds no structure")
-    return count
+    return count, digest.hexdigest()
 
 
 def sha256(path: Path) -> str:
