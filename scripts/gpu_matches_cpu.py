@@ -47,6 +47,7 @@ def main() -> int:
     parser.add_argument("data")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--structures", type=int, default=8)
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE)
     arguments = parser.parse_args()
     structures = read_structures(arguments.data)[: arguments.structures]
     types = sorted({int(z) for structure in structures for z in structure.atomic_numbers})
@@ -59,14 +60,14 @@ def main() -> int:
         scale = float(expected.abs().max().clamp_min(1e-12))
         difference = float((other[name] - expected).abs().max()) / scale
         worst = max(worst, difference)
-        if difference > TOLERANCE:
+        if difference > arguments.tolerance:
             print(f"gpu_matches_cpu: {name} differs by {difference:.2e} (relative)")
     print(
         f"gpu_matches_cpu: {arguments.data}, {len(structures)} structures, "
         f"{arguments.device} against cpu: largest relative difference {worst:.2e} "
         f"over {len(reference)} quantities"
     )
-    return 0 if worst <= TOLERANCE else 1
+    return 0 if worst <= arguments.tolerance else 1
 
 
 if __name__ == "__main__":

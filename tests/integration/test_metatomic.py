@@ -324,3 +324,57 @@ def test_atomtrain_imported_after_an_engine_loaded_the_model(ethanol, tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("agree")
+
+
+def test_export_with_sphericart_imported_from_outside_site_packages(ethanol, tmp_path):
+    """A user whose packages are on PYTHONPATH (pip install --target, a cluster's module
+    system) exports too: metatomic collects an extension at its path relative to
+    site-packages, and one from elsewhere was copied onto itself and refused."""
+    model, run = ethanol
+    installed = Path(
+        subprocess.check_output(
+            [
+                sys.executable,
+                "-c",
+                "import sphericart, os; print(os.path.dirname(sphericart.__path__[0]))",
+            ],
+            text=True,
+        ).strip()
+    )
+    elsewhere = tmp_path / "elsewhere"
+    for name in ("sphericart", "sphericart_torch.libs"):
+        if (installed / name).exists():
+            shutil.copytree(installed / name, elsewhere / name)
+    environment = {
+        **os.environ,
+        "PYTHONPATH": f"{elsewhere}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    origin = subprocess.check_output(
+        [sys.executable, "-c", "import sphericart.torch; print(sphericart.torch.__file__)"],
+        text=True,
+        env=environment,
+    )
+    assert Path(origin.strip()).is_relative_to(elsewhere)
+    exported = tmp_path / "exported" / "model.pt"
+    exported.parent.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "atomtrain", "export", str(run / "best.ckpt"), "-o", str(exported)],
+        capture_output=True,
+        text=True,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    collected = [
+        path.relative_to(exported.parent / "extensions")
+        for path in (exported.parent / "extensions").rglob("*.so")
+    ]
+    assert collected and all(str(path).startswith("sphericart") for path in collected)
+    shutil.rmtree(elsewhere)  # the engine loads the collected copy, not the import root
+    engine = engine_predictions(exported, [ethanol_molecule()], tmp_path)
+    reference = engine_predictions(model, [ethanol_molecule()], tmp_path)
+    assert engine["results"][0]["energy"] == pytest.approx(
+        reference["results"][0]["energy"], abs=1e-10, rel=0
+    )
+    np.testing.assert_allclose(
+        engine["results"][0]["forces"], reference["results"][0]["forces"], atol=1e-10, rtol=0
+    )

@@ -9,18 +9,23 @@ so that it can be fine-tuned.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
 import re
+import site
+import sys
 import warnings
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from ..errors import AtomtrainError
 from ..io import atomic_save_with_directory
-from .harmonics_library import import_sphericart_torch
+from .harmonics_library import check_harmonics_on, import_sphericart_torch
 
 # the model's hyperparameters, stored beside the TorchScript code (which does not keep
 # them) so that an exported model can be fine-tuned
@@ -91,12 +96,44 @@ def export(model: torch.nn.Module, path: str | Path) -> None:
         # warning is not actionable for users
         warnings.simplefilter("ignore", DeprecationWarning)
         exported = atomistic_model(model)
-        atomic_save_with_directory(
-            path,
-            lambda file, extensions: exported.save(str(file), collect_extensions=str(extensions)),
-            path.parent / EXTENSIONS_DIRECTORY,
-            what="model",
-        )
+        with import_roots_as_site_packages():
+            atomic_save_with_directory(
+                path,
+                lambda file, extensions: exported.save(
+                    str(file), collect_extensions=str(extensions)
+                ),
+                path.parent / EXTENSIONS_DIRECTORY,
+                what="model",
+            )
+
+
+@contextlib.contextmanager
+def import_roots_as_site_packages() -> Iterator[None]:
+    """metatomic collects an extension library at its path relative to site-packages;
+    one imported from anywhere else (PYTHONPATH, ``pip install --target``, a cluster's
+    module system) would be copied onto itself, which it refuses. For the time of the
+    export, the sys.path entries that hold a loaded library count as site-packages, so
+    it is collected at its path relative to its import root, as an engine expects."""
+    original = site.getsitepackages
+    sites = [os.path.realpath(prefix) for prefix in original()]
+    entries = [os.path.realpath(entry) for entry in sys.path if entry and os.path.isdir(entry)]
+    roots = []
+    for library in torch.ops.loaded_libraries:
+        library = os.path.realpath(library)
+        if deepest_folder_holding(library, sites) is None:
+            root = deepest_folder_holding(library, entries)
+            if root is not None and root not in roots:
+                roots.append(root)
+    site.getsitepackages = lambda *arguments: original(*arguments) + roots
+    try:
+        yield
+    finally:
+        site.getsitepackages = original
+
+
+def deepest_folder_holding(path: str, folders: list[str]) -> str | None:
+    holding = [folder for folder in folders if path.startswith(folder.rstrip(os.sep) + os.sep)]
+    return max(holding, key=len, default=None)
 
 
 def load_exported(
@@ -107,6 +144,7 @@ def load_exported(
     stores beside the code (HYPERS_FILE, BASELINE_SPAN_FILE), filled in on return
     (empty when absent)."""
     import_sphericart_torch()  # the operator and its autograd formulas
+    check_harmonics_on(device)
 
     path = Path(path)
     if not path.exists():

@@ -12,12 +12,19 @@ registers sphericart's Python parts (classes, autograd formulas) on them.
 
 from __future__ import annotations
 
+import ctypes
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from ..errors import AtomtrainError
+
 NAMESPACE = "sphericart_torch"
+# sphericart compiles its CUDA kernels at run time with NVIDIA's runtime compiler of
+# CUDA 12, which a torch built for CUDA 13 does not bring along
+CUDA12_COMPILER = "libnvrtc.so.12"
 
 
 def operators_registered() -> bool:
@@ -41,3 +48,37 @@ def import_sphericart_torch() -> ModuleType:
     finally:
         torch.classes.load_library = load_library
     return sphericart.torch
+
+
+def load_cuda12_compiler() -> bool:
+    """Load libnvrtc.so.12 from an installed ``nvidia-cuda-nvrtc-cu12``, if there is one,
+    so that sphericart's CUDA library finds it (the dynamic loader reuses a library
+    already loaded under the same name) without LD_LIBRARY_PATH."""
+    for entry in sys.path:
+        candidate = Path(entry or ".") / "nvidia" / "cuda_nvrtc" / "lib" / CUDA12_COMPILER
+        if candidate.is_file():
+            ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+            return True
+    return False
+
+
+def check_harmonics_on(device: torch.device | str) -> None:
+    """Run sphericart once on ``device``: on a GPU whose CUDA libraries it cannot load,
+    one line that says what to install, instead of a loader error in the first step."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    sphericart = import_sphericart_torch()
+    if not (torch.version.cuda or "").startswith("12."):
+        load_cuda12_compiler()
+    try:
+        sphericart.SphericalHarmonics(1)(torch.ones(1, 3, device=device))
+    except RuntimeError as error:
+        if "nvrtc" not in str(error).lower():
+            raise
+        raise AtomtrainError(
+            f"sphericart cannot run on {device}: it needs NVIDIA's CUDA 12 runtime "
+            f"compiler ({CUDA12_COMPILER}), which torch {torch.__version__} (CUDA "
+            f"{torch.version.cuda}) does not bring; run 'pip install "
+            "nvidia-cuda-nvrtc-cu12' (atomtrain then finds it), or use device: cpu"
+        ) from error
