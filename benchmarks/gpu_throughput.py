@@ -1,7 +1,9 @@
-"""Training and inference throughput of SOAP-BPNN on one device, by batch size.
+"""Training and inference throughput of a model (SOAP-BPNN or MACE with its section's
+defaults) on one device, by batch size.
 
     python benchmarks/gpu_throughput.py [DATA.xyz] [--device cuda] [--batch-sizes 8 64 256]
                                         [--steps 20] [--dtype float32]
+                                        [--architecture soap_bpnn]
 
 A training step is what the trainer does per batch: collate (cached neighbor lists),
 move to the device, energies and forces (autograd with create_graph), the loss, its
@@ -19,7 +21,8 @@ from pathlib import Path
 import torch
 
 from atomtrain.data import collate, read_structures
-from atomtrain.models import SoapBpnn
+from atomtrain.models import registry
+from atomtrain.models.energy_model import EnergyModel
 from atomtrain.options import LossOptions
 from atomtrain.runtime import keep_freed_memory
 from atomtrain.training.evaluation import predict
@@ -62,6 +65,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64, 256])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--architecture", default="soap_bpnn", choices=registry.known())
     arguments = parser.parse_args()
     keep_freed_memory()
     dtype = getattr(torch, arguments.dtype)
@@ -69,14 +73,18 @@ def main() -> None:
     structures = read_structures(arguments.data)
     types = sorted({int(z) for s in structures for z in s.atomic_numbers})
     stress = all(s.stress is not None for s in structures)
-    cutoff = SoapBpnn(types).cutoff
+    cutoff = registry.new_model(arguments.architecture, types).cutoff
     for structure in structures:  # neighbor lists are cached once, as in training
         collate([structure], cutoff)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-    print(f"gpu_throughput: {arguments.data}, {name}, {arguments.dtype}")
+    print(
+        f"gpu_throughput: {arguments.architecture} (default section), {arguments.data}, "
+        f"{name}, {arguments.dtype}"
+    )
     for batch_size in arguments.batch_sizes:
         batches = batches_of(structures, batch_size, arguments.steps + WARM_UP_STEPS)
-        training, inference = throughput(types, batches, stress, device, dtype)
+        model = registry.new_model(arguments.architecture, types).set_precision(dtype)
+        training, inference = throughput(model.to(device), batches, stress, device, dtype)
         print(
             f"  batch {batch_size:4d}: training {training:8.0f} structures/s, "
             f"inference {inference:8.0f} structures/s"
@@ -84,10 +92,9 @@ def main() -> None:
 
 
 def throughput(
-    types: list[int], batches: list[list], stress: bool, device: str, dtype: torch.dtype
+    model: EnergyModel, batches: list[list], stress: bool, device: str, dtype: torch.dtype
 ) -> tuple[float, float]:
     """Structures per second of training steps and of inference, after the warm-up."""
-    model = SoapBpnn(types).set_precision(dtype).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     parameters = list(model.parameters())
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from atomtrain.data import collate, read_structures
-from atomtrain.models import SoapBpnn
+from atomtrain.models.soap_bpnn.model import SoapBpnn
 from atomtrain.options import LossOptions
 from atomtrain.runtime import keep_freed_memory
 from atomtrain.training.evaluation import predict

@@ -17,16 +17,19 @@ import sys
 import torch
 
 from atomtrain.data import collate, read_structures
-from atomtrain.models import SoapBpnn
+from atomtrain.models import registry
+from atomtrain.models.energy_model import EnergyModel
 from atomtrain.options import LossOptions
 from atomtrain.training.evaluation import predict
 from atomtrain.training.loop import global_counts
 from atomtrain.training.losses import batch_loss
 
 TOLERANCE = 1e-9  # relative to the largest value of each quantity
+# the architectures' default sections, except where a smaller model checks the same path
+SMALL_SECTIONS = {"mace": {"hidden_irreps": "16x0e + 16x1o", "max_ell": 2, "correlation": 2}}
 
 
-def results_on(model: SoapBpnn, structures, device: str) -> dict[str, torch.Tensor]:
+def results_on(model: EnergyModel, structures, device: str) -> dict[str, torch.Tensor]:
     """Predictions and the loss's parameter gradients, computed on ``device``, on the CPU."""
     model = model.to(device)
     batch = collate(structures, model.cutoff).to(device, torch.float64)
@@ -48,11 +51,14 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--structures", type=int, default=8)
     parser.add_argument("--tolerance", type=float, default=TOLERANCE)
+    parser.add_argument("--architecture", default="soap_bpnn", choices=registry.known())
     arguments = parser.parse_args()
     structures = read_structures(arguments.data)[: arguments.structures]
     types = sorted({int(z) for structure in structures for z in structure.atomic_numbers})
     torch.manual_seed(0)
-    model = SoapBpnn(types).set_precision(torch.float64)
+    section = SMALL_SECTIONS.get(arguments.architecture, {})
+    model = registry.new_model(arguments.architecture, types, **section)
+    model.set_precision(torch.float64)
     reference = results_on(copy.deepcopy(model), structures, "cpu")
     other = results_on(copy.deepcopy(model), structures, arguments.device)
     worst = 0.0
@@ -63,7 +69,8 @@ def main() -> int:
         if difference > arguments.tolerance:
             print(f"gpu_matches_cpu: {name} differs by {difference:.2e} (relative)")
     print(
-        f"gpu_matches_cpu: {arguments.data}, {len(structures)} structures, "
+        f"gpu_matches_cpu: {arguments.architecture}, {arguments.data}, "
+        f"{len(structures)} structures, "
         f"{arguments.device} against cpu: largest relative difference {worst:.2e} "
         f"over {len(reference)} quantities"
     )

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from atomtrain.options import Options, nested_model
+from atomtrain.options import SECTIONS, ArchitectureCommon, Options, nested_model
 
 
 def _render(model: type[BaseModel], prefix: str, lines: list[str]) -> None:
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
+        if key == "architecture":  # a section per architecture, in tables of their own
+            lines.append(f"| `{key}` | {' '.join((field.description or '').split())} | see below |")
+            _render(ArchitectureCommon, f"{key}.", lines)
+            continue
         default = "required" if field.is_required() else repr(field.get_default())
         if nested_model(field.annotation) is not None and not field.is_required():
             default = "see below"
@@ -34,6 +38,17 @@ def render() -> str:
         "|---|---|---|",
     ]
     _render(Options, "", lines)
+    for name, section in SECTIONS.items():
+        lines += [
+            "",
+            f"## `architecture.model` of `architecture.name: {name}`",
+            "",
+            "| key | meaning | default |",
+            "|---|---|---|",
+        ]
+        _render(
+            nested_model(section.model_fields["model"].annotation), "architecture.model.", lines
+        )
     return "\n".join(lines) + "\n"
 
 

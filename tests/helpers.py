@@ -12,23 +12,20 @@ import torch
 
 from atomtrain.data import collate, read_structures
 from atomtrain.data.system import Structure
-from atomtrain.models import SoapBpnn
+from atomtrain.models.soap_bpnn.model import SoapBpnn
+from atomtrain.models.soap_bpnn.options import ModelOptions
 from atomtrain.training.evaluation import predict
 
-SMALL_HYPERS = dict(
-    cutoff=4.0,
-    cutoff_width=0.5,
-    max_radial=3,
-    max_angular=3,
-    num_hidden_layers=2,
-    num_neurons_per_layer=16,
-)
+# a small SOAP-BPNN's model section, so that the tests run fast
+SMALL_MODEL = {
+    "soap": {"cutoff": {"radius": 4.0, "width": 0.5}, "max_radial": 3, "max_angular": 3},
+    "bpnn": {"num_hidden_layers": 2, "num_neurons_per_layer": 16},
+}
 
 
-def small_model(atomic_types, dtype=torch.float64, seed=0, **changes) -> SoapBpnn:
+def small_model(atomic_types, dtype=torch.float64, seed=0) -> SoapBpnn:
     torch.manual_seed(seed)
-    hypers = {**SMALL_HYPERS, **changes}
-    model = SoapBpnn(atomic_types, **hypers).set_precision(dtype)
+    model = SoapBpnn(atomic_types, ModelOptions.model_validate(SMALL_MODEL)).set_precision(dtype)
     # non-trivial baseline and scale, so that they are exercised too
     model.set_baseline(torch.linspace(-3.0, -1.0, len(model.atomic_types)), 0.7)
     return model

@@ -17,33 +17,19 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
-    ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 
 from .errors import OptionsError
+from .models import registry
+from .options_base import Strict, default_only
 from .units import unit_problem
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-def _default_only(reasons: dict[str, str]) -> Any:
-    """A validator for metatrain keys of features atomtrain lacks ({field: what is
-    missing}): each is accepted at its default value only."""
-
-    def check(cls, value: Any, info: ValidationInfo) -> Any:
-        if value != cls.model_fields[info.field_name].default:
-            reason = reasons[str(info.field_name)]
-            raise ValueError(f"{reason} in atomtrain; remove the key or use its default")
-        return value
-
-    return field_validator(*reasons)(classmethod(check))  # type: ignore[arg-type]
 
 
 def _data_set_list(value: Any) -> Any:
@@ -83,77 +69,6 @@ def _loss_from_metatrain(spec: dict) -> dict:
     if deltas:
         options["huber_delta"] = deltas.pop()
     return options
-
-
-class CutoffOptions(Strict):
-    radius: Annotated[float, Field(gt=0)] = 5.0
-    """Cutoff radius in angstrom; neighbors farther away are ignored."""
-    width: Annotated[float, Field(gt=0)] = 0.5
-    """Width (angstrom) of the smooth region before the radius where a neighbor's
-    contribution goes smoothly to zero."""
-
-
-class SoapOptions(Strict):
-    cutoff: CutoffOptions = CutoffOptions()
-    """Where and how smoothly the atomic environment ends."""
-    max_radial: Annotated[int, Field(ge=0)] = 7
-    """Highest radial index. The radial basis is max_radial + 1 spherical Bessel functions
-    j_0(n pi r / cutoff), the l = 0 Laplacian eigenstates of the cutoff sphere; higher l
-    keep fewer of them, trimmed by Laplacian eigenvalue as metatrain's basis is (8, 7, 7,
-    6, 6, 5, 5 for max_radial 7 and max_angular 6)."""
-    max_angular: Annotated[int, Field(ge=0)] = 6
-    """Highest angular momentum l of the spherical harmonics."""
-
-
-class BpnnOptions(Strict):
-    num_hidden_layers: Annotated[int, Field(ge=1)] = 2
-    """Hidden layers in each element's network."""
-    num_neurons_per_layer: Annotated[int, Field(ge=1)] = 32
-    """Neurons in each hidden layer."""
-    layernorm: bool = True
-    """Normalise the SOAP features with a LayerNorm before the networks."""
-
-
-class LongRangeOptions(Strict):
-    enable: bool = False
-    """metatrain's long-range (Ewald or P3M) part: not implemented, accepted when false."""
-    use_ewald: bool = False
-    """metatrain's; unused while enable is false."""
-    smearing: float = 1.4
-    """metatrain's; unused while enable is false."""
-    kspace_resolution: float = 1.33
-    """metatrain's; unused while enable is false."""
-    interpolation_nodes: int = 5
-    """metatrain's; unused while enable is false."""
-
-    _lacking = _default_only({"enable": "long-range interactions are not implemented"})
-
-
-class ModelOptions(Strict):
-    soap: SoapOptions = SoapOptions()
-    """SOAP power spectrum hyperparameters."""
-    bpnn: BpnnOptions = BpnnOptions()
-    """Per-element neural networks."""
-    legacy: bool = True
-    """metatrain's choice of one network per element (true: the SOAP-BPNN atomtrain
-    implements) or a chemical embedding (false: not implemented)."""
-    add_lambda_basis: bool = True
-    """metatrain's; it changes tensorial targets only, so it has no effect on energies."""
-    heads: dict[str, Literal["mlp", "linear"]] = {}
-    """metatrain's head type per target: not implemented, accepted when empty."""
-    zbl: bool = False
-    """metatrain's ZBL short-range repulsion baseline: not implemented, accepted when
-    false."""
-    long_range: LongRangeOptions = LongRangeOptions()
-    """metatrain's long-range part: not implemented, accepted when disabled."""
-
-    _lacking = _default_only(
-        {
-            "legacy": "only the legacy SOAP-BPNN is implemented",
-            "heads": "per-target heads are not implemented",
-            "zbl": "the ZBL baseline is not implemented",
-        }
-    )
 
 
 class LossWeights(Strict):
@@ -282,7 +197,7 @@ class TrainingOptions(Strict):
     def _loss_as_options(cls, value: Any) -> LossOptions:
         return LossOptions(type=value) if isinstance(value, str) else value
 
-    _lacking = _default_only(
+    _lacking = default_only(
         {
             "per_structure_targets": "per-structure losses are not implemented",
             "fixed_scaling_weights": "fixed scaling weights are not implemented",
@@ -300,11 +215,11 @@ class TrainingOptions(Strict):
         return self
 
 
-class ArchitectureOptions(Strict):
-    name: str = "soap_bpnn"
-    """Model architecture. Known: soap_bpnn."""
-    model: ModelOptions = ModelOptions()
-    """Model hyperparameters."""
+class ArchitectureCommon(Strict):
+    """What every architecture's section holds besides its ``model`` section."""
+
+    name: str = registry.DEFAULT
+    """Model architecture (metatrain's ``experimental.`` prefix is accepted)."""
     training: TrainingOptions = TrainingOptions()
     """Training hyperparameters."""
     atomic_types: list[Annotated[int, Field(ge=1, le=118)]] | None = None
@@ -322,13 +237,42 @@ class ArchitectureOptions(Strict):
     @field_validator("name")
     @classmethod
     def _known_architecture(cls, value: str) -> str:
-        known = ["soap_bpnn"]
-        # metatrain accepts experimental. prefixes for new architectures
-        if value.removeprefix("experimental.") not in known:
-            raise ValueError(
-                f"unknown architecture '{value}'; known architectures: {', '.join(known)}"
-            )
-        return value.removeprefix("experimental.")
+        if registry.canonical_name(value) not in registry.known():
+            raise ValueError(unknown_architecture(value))
+        return registry.canonical_name(value)
+
+
+def unknown_architecture(name: Any) -> str:
+    return f"unknown architecture '{name}'; known architectures: {', '.join(registry.known())}"
+
+
+def architecture_section(name: str) -> type[ArchitectureCommon]:
+    """The ``architecture`` section of one architecture: the common keys and its own
+    ``model`` section (the registry's)."""
+    section = registry.model_options(name)
+    return create_model(
+        f"{section.__module__.split('.')[-2]}_architecture",
+        __base__=ArchitectureCommon,
+        model=(
+            section,
+            Field(default_factory=section, description=f"Hyperparameters of {name}'s model."),
+        ),
+    )
+
+
+def _architecture_name(value: Any) -> str:
+    name = value.get("name", registry.DEFAULT) if isinstance(value, dict) else value.name
+    return registry.canonical_name(str(name))
+
+
+SECTIONS = {name: architecture_section(name) for name in registry.known()}
+if len(SECTIONS) > 1:
+    ArchitectureOptions: Any = Annotated[
+        Union[tuple(Annotated[section, Tag(name)] for name, section in SECTIONS.items())],
+        Discriminator(_architecture_name),
+    ]
+else:
+    (ArchitectureOptions,) = SECTIONS.values()
 
 
 def _known_unit(kind: str) -> AfterValidator:
@@ -456,7 +400,7 @@ class Options(Strict):
     each uses GPU local_rank modulo the visible GPUs."""
     base_precision: Literal[32, 64] = 32
     """Floating point precision of the model and training: 32 or 64 bits."""
-    architecture: ArchitectureOptions = ArchitectureOptions()
+    architecture: ArchitectureOptions = Field(default_factory=SECTIONS[registry.DEFAULT])
     """Model architecture and its hyperparameters."""
     training_set: Annotated[list[DatasetOptions], Field(min_length=1)]
     """Training data: a file path, a mapping with systems and targets, or a list of
@@ -501,16 +445,21 @@ def nested_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _model_at(model: type[BaseModel], location: tuple) -> type[BaseModel] | None:
+def _model_at(model: type[BaseModel], location: tuple, data: dict) -> type[BaseModel] | None:
     """The pydantic model class that holds the field at ``location``."""
     current: type[BaseModel] | None = model
-    for part in location:
+    for index, part in enumerate(location):
         if isinstance(part, int):  # an entry of a list of data sets
             continue
         field = current.model_fields.get(str(part)) if current is not None else None
         if field is None:
             return None
-        current = nested_model(field.annotation)
+        if index == 0 and part == "architecture":  # the section of the architecture named
+            section = data.get("architecture")
+            name = _architecture_name(section if isinstance(section, dict) else {})
+            current = SECTIONS.get(name)
+        else:
+            current = nested_model(field.annotation)
     return current
 
 
@@ -518,6 +467,8 @@ def _describe(
     error: dict, source: str, data: dict, overrides: list[str] = (), within: str = ""
 ) -> str:
     location = tuple(part for part in error["loc"] if not (isinstance(part, str) and "[" in part))
+    if location[:1] == ("architecture",) and len(location) > 1 and location[1] in SECTIONS:
+        location = location[:1] + location[2:]  # the tag of the architecture's section
     if (
         len(location) > 1
         and isinstance(location[1], int)
@@ -545,7 +496,7 @@ def _describe(
         if dotted == key or dotted.startswith(key + "."):
             source = f"-r {override} (over {source})"
     if error["type"] == "extra_forbidden":
-        parent = _model_at(Options, location[:-1])
+        parent = _model_at(Options, location[:-1], data)
         hint = ""
         if parent is not None:
             close = difflib.get_close_matches(str(location[-1]), parent.model_fields, n=1)
@@ -554,6 +505,10 @@ def _describe(
             else:
                 hint = f"; known keys here: {', '.join(parent.model_fields)}"
         return f"{source}: unknown key '{shown}'{hint}"
+    if error["type"] == "union_tag_invalid":
+        section = data.get("architecture")
+        name = section.get("name") if isinstance(section, dict) else section
+        return f"{source}: invalid value for '{shown}.name': {unknown_architecture(name)}"
     if error["type"] == "missing":
         return f"{source}: missing required key '{shown}'"
     message = error["msg"].removeprefix("Value error, ")

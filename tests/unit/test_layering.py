@@ -36,3 +36,42 @@ def test_lower_layers_do_not_import_upper_ones(layer, forbidden):
     }
     assert offenders == {}
     assert list((PACKAGE / layer).glob("*.py"))  # the layer is where the test looks
+
+
+def architecture_imports(path: Path) -> list[str]:
+    """Imports of ``path`` that name an architecture package (models.soap_bpnn, ...)."""
+    from atomtrain.models import registry
+
+    packages = {module.split(".")[-1] for module in registry.PACKAGES.values()}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        found += [name for name in names if set(name.split(".")) & packages]
+    return found
+
+
+def test_only_architecture_packages_and_tests_name_an_architecture(tmp_path):
+    """The trainer, eval, export, checkpoints and fine-tuning reach architectures through
+    the registry: a new architecture is its package and one line there."""
+    architecture_packages = {PACKAGE / "models" / name for name in ("soap_bpnn", "mace")}
+    checked = [
+        path
+        for path in PACKAGE.rglob("*.py")
+        if not any(package in path.parents for package in architecture_packages)
+    ]
+    offenders = {
+        str(path.relative_to(PACKAGE)): architecture_imports(path)
+        for path in checked
+        if architecture_imports(path)
+    }
+    assert offenders == {}
+    assert len(checked) > 30
+    offending = tmp_path / "offending.py"  # what the check would catch
+    offending.write_text(
+        "from ..models.soap_bpnn.model import SoapBpnn\nimport atomtrain.models.mace\n"
+    )
+    assert len(architecture_imports(offending)) == 3

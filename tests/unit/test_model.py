@@ -19,15 +19,15 @@ from atomtrain.models.composition import (
     normal_equation_sums,
     solve_baseline,
 )
+from atomtrain.models.energy_model import mirrored_half
 from atomtrain.models.export import export, load_exported
-from atomtrain.models.soap import (
+from atomtrain.models.soap_bpnn.soap import (
     SoapPowerSpectrum,
     neighbor_sums,
     radial_functions_per_l,
     spherical_bessel_radial_basis,
     spherical_bessel_zeros,
 )
-from atomtrain.models.soap_bpnn import mirrored_half
 from atomtrain.training.evaluation import predict
 
 from helpers import run_model, small_model, structure_from_atoms

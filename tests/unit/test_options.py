@@ -9,9 +9,11 @@ import pytest
 import yaml
 
 from atomtrain.errors import OptionsError
+from atomtrain.models import registry
+from atomtrain.models.architecture import DataFacts
 from atomtrain.options import load_options, parse_options
 from atomtrain.training.datasets import file_labels
-from atomtrain.training.setup import build_model, model_options_of
+from atomtrain.training.setup import build_model
 
 from conftest import RESOURCES, ROOT
 
@@ -248,13 +250,28 @@ def test_files_in_a_metrics_table_get_distinct_labels():
 
 
 def test_the_model_section_of_a_models_hyperparameters_builds_that_model():
-    """model_options_of, which fine-tuning records, is the inverse of build_model."""
+    """The hyperparameter record a model keeps holds its model section, which builds
+    the same model again; a record of the flat form older versions wrote reads too."""
     model_section = {
         "soap": {"cutoff": {"radius": 4.0, "width": 0.3}, "max_radial": 3, "max_angular": 2},
         "bpnn": {"num_hidden_layers": 1, "num_neurons_per_layer": 16, "layernorm": False},
     }
     options = parse_options({"training_set": "a.xyz", "architecture": {"model": model_section}})
-    model = build_model(options, [1, 8])
-    options.architecture.model = model_options_of(model.hypers)
+    model = build_model(options, DataFacts([1, 8]))
+    architecture = registry.architecture(model.hypers["architecture"])
+    options.architecture.model = architecture.options_from(model.hypers)
     assert options.architecture.model.model_dump(include={"soap", "bpnn"}) == model_section
-    assert build_model(options, [1, 8]).hypers == model.hypers
+    assert build_model(options, DataFacts([1, 8])).hypers == model.hypers
+    flat = {
+        "atomic_types": [1, 8],
+        "cutoff": 4.0,
+        "cutoff_width": 0.3,
+        "max_radial": 3,
+        "max_angular": 2,
+        "num_hidden_layers": 1,
+        "num_neurons_per_layer": 16,
+        "layernorm": False,
+        "length_unit": "angstrom",
+        "energy_unit": "eV",
+    }
+    assert registry.architecture_of(flat).model_from(flat).hypers == model.hypers

@@ -20,7 +20,7 @@ from ..distributed.faults import PeerFailure
 from ..distributed.launch import launch_workers
 from ..errors import AtomtrainError, OptionsError
 from ..io import check_writable_directory
-from ..models.soap_bpnn import SoapBpnn
+from ..models.energy_model import EnergyModel
 from ..options import Options, load_options
 from ..training.checkpoint import load_checkpoint, newest_complete_checkpoint
 from ..training.finetune import adopt_pretrained
@@ -182,7 +182,7 @@ def decide_on_rank_0(context, decide):
     return value
 
 
-def check_only(options: Options, launch: LaunchInfo, pretrained: SoapBpnn | None) -> int:
+def check_only(options: Options, launch: LaunchInfo, pretrained: EnergyModel | None) -> int:
     """Everything a run reads and checks before training (prepare(), as a run calls it,
     with the seed rule of a run), then what it would do."""
     setup_logging(0, None)

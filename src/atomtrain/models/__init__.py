@@ -1,5 +1,3 @@
-"""Models: SOAP features, per-element networks, composition baseline, assembled potential."""
-
-from .soap_bpnn import SoapBpnn
-
-__all__ = ["SoapBpnn"]
+"""Models: one package per architecture (found by name in ``registry``), the energy
+model they all are (``energy_model``), the composition baseline, and export through
+metatomic. Architecture packages are imported when asked for."""

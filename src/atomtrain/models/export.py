@@ -25,7 +25,8 @@ import torch
 
 from ..errors import AtomtrainError
 from ..io import atomic_save_with_directory
-from .harmonics_library import check_harmonics_on, import_sphericart_torch
+from . import registry
+from .energy_model import EnergyModel
 
 # the model's hyperparameters, stored beside the TorchScript code (which does not keep
 # them) so that an exported model can be fine-tuned
@@ -37,24 +38,15 @@ METADATA_FILE = "model-metadata"
 EXTRA_KEYS = {HYPERS_FILE: "atomtrain-hypers", BASELINE_SPAN_FILE: "atomtrain-baseline-span"}
 EXTENSIONS_DIRECTORY = "extensions"
 
-REFERENCES = {
-    "implementation": ["atomtrain: https://github.com/atomtrain/atomtrain"],
-    "architecture": [
-        "SOAP: A. P. Bartók, R. Kondor, G. Csányi, Phys. Rev. B 87, 184115 (2013), "
-        "https://doi.org/10.1103/PhysRevB.87.184115",
-        "Behler-Parrinello networks: J. Behler, M. Parrinello, Phys. Rev. Lett. 98, 146401 "
-        "(2007), https://doi.org/10.1103/PhysRevLett.98.146401",
-    ],
-}
 
-
-def atomistic_model(model: torch.nn.Module):
-    """``model`` (a SoapBpnn) as a metatomic AtomisticModel, in eval mode on CPU."""
+def atomistic_model(model: EnergyModel):
+    """``model`` as a metatomic AtomisticModel, in eval mode on CPU."""
     from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
 
     from .metatomic_wrapper import MetatomicEnergy
 
-    inner = copy.deepcopy(model).cpu().eval()
+    architecture = registry.architecture_of(model.hypers)
+    inner = architecture.script(copy.deepcopy(model).cpu().eval())
     capabilities = ModelCapabilities(
         outputs={
             "energy": ModelOutput(
@@ -74,9 +66,12 @@ def atomistic_model(model: torch.nn.Module):
     )
     trained_on = getattr(model, "trained_on", "") or "training data not recorded"
     metadata = ModelMetadata(
-        name="atomtrain SOAP-BPNN",
-        description=f"SOAP-BPNN interatomic potential trained with atomtrain; {trained_on}",
-        references=REFERENCES,
+        name=f"atomtrain {architecture.display_name}",
+        description=(
+            f"{architecture.display_name} interatomic potential trained with atomtrain; "
+            f"{trained_on}"
+        ),
+        references=architecture.references,
         extra={
             EXTRA_KEYS[HYPERS_FILE]: json.dumps(getattr(model, "hypers", {})),
             EXTRA_KEYS[BASELINE_SPAN_FILE]: json.dumps(getattr(model, "baseline_span", None)),
@@ -85,16 +80,17 @@ def atomistic_model(model: torch.nn.Module):
     return AtomisticModel(MetatomicEnergy(inner).eval(), metadata, capabilities)
 
 
-def export(model: torch.nn.Module, path: str | Path) -> None:
+def export(model: EnergyModel, path: str | Path) -> None:
     """Write ``model`` as a metatomic model to ``path``, atomically, with the torch
     extensions it needs collected in ``extensions/`` beside it."""
-    import_sphericart_torch()  # its operator is one of the collected extensions
+    registry.architecture_of(model.hypers).load_extensions()  # collected beside the model
 
     path = Path(path)
     with warnings.catch_warnings():
         # TorchScript is deprecated in recent torch, but it is what engines load; the
-        # warning is not actionable for users
+        # warning is not actionable for users, nor are e3nn's about its annotations
         warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", "The TorchScript type system", UserWarning)
         exported = atomistic_model(model)
         with import_roots_as_site_packages():
             atomic_save_with_directory(
@@ -139,13 +135,10 @@ def deepest_folder_holding(path: str, folders: list[str]) -> str | None:
 def load_exported(
     path: str | Path, device: str | torch.device = "cpu", extra: dict[str, str] | None = None
 ) -> torch.jit.ScriptModule:
-    """The model of an exported file: the metatomic model's inner SoapBpnn (with its
+    """The model of an exported file: the metatomic model's inner EnergyModel (with its
     batched ``forward``), or an older atomtrain export. ``extra`` names what export
     stores beside the code (HYPERS_FILE, BASELINE_SPAN_FILE), filled in on return
     (empty when absent)."""
-    import_sphericart_torch()  # the operator and its autograd formulas
-    check_harmonics_on(device)
-
     path = Path(path)
     if not path.exists():
         raise AtomtrainError(f"{path}: model file not found")
@@ -155,6 +148,10 @@ def load_exported(
     metadata = metatomic_metadata(path)
     if metadata is not None:
         import metatomic.torch  # noqa: F401  (its TorchScript classes are in the file)
+    hypers = json.loads((metadata or {}).get("extra", {}).get(EXTRA_KEYS[HYPERS_FILE]) or "{}")
+    architecture = registry.architecture_of(hypers)  # exports before metatomic: SOAP-BPNN
+    architecture.load_extensions()  # the operators and their autograd formulas
+    architecture.check_device(torch.device(device))
     wanted = dict.fromkeys(extra or {}, "")
     try:
         with warnings.catch_warnings():
@@ -226,7 +223,9 @@ def foreign_file(path: Path) -> str | None:
             "atomtrain model; run it with metatomic (metatomic-ase's MetatomicCalculator, "
             "LAMMPS, i-PI), or train it anew with atomtrain on the same options file"
         )
-    if b"model_ckpt_version" in header or b"metatrain" in header:
+    # metatrain pickles its own classes (metatrain.utils...); a path with "metatrain" in
+    # it (a user's directory) is no sign
+    if b"model_ckpt_version" in header or b"metatrain.utils." in header:
         return (
             "a metatrain checkpoint, which atomtrain cannot read; train anew with "
             "atomtrain on the same options file (metatrain's format runs unchanged)"

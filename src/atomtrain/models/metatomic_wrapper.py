@@ -11,14 +11,14 @@ import torch
 from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import ModelOutput, NeighborListOptions, System
 
-from .soap_bpnn import SoapBpnn
+from .energy_model import EnergyModel
 
 
 class MetatomicEnergy(torch.nn.Module):
-    """The ``energy`` output of a SoapBpnn, per system or per atom, for the atoms of
+    """The ``energy`` output of an EnergyModel, per system or per atom, for the atoms of
     ``selected_atoms`` (all when None)."""
 
-    def __init__(self, model: SoapBpnn):
+    def __init__(self, model: EnergyModel):
         super().__init__()
         self.model = model
         # a half list: the model mirrors it, computing each pair's geometry once

@@ -19,7 +19,7 @@ from ..models.composition import (
     solve_baseline,
     undetermined_directions,
 )
-from ..models.soap_bpnn import SoapBpnn
+from ..models.energy_model import EnergyModel
 from ..options import Options
 from .outputs import LOGGER_NAME
 
@@ -46,7 +46,7 @@ def local_compositions(
 
 
 def fit_baseline(
-    model: SoapBpnn, training: list[Structure], options: Options, context: Context
+    model: EnergyModel, training: list[Structure], options: Options, context: Context
 ) -> None:
     """Per-element energies by least squares and the target scale, from all training
     structures: each rank adds up its shard, one all-reduce, the same solve everywhere."""
@@ -91,7 +91,7 @@ def fit_baseline(
 
 
 def refit_undetermined_baseline(
-    model: SoapBpnn, training: list[Structure], context: Context
+    model: EnergyModel, training: list[Structure], context: Context
 ) -> None:
     """Before fine-tuning: fit the part of the baseline that the pretraining data left
     undetermined (baseline_span) to this run's data, leaving the energies of every

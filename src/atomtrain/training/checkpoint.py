@@ -10,8 +10,9 @@ import torch
 
 from ..errors import AtomtrainError
 from ..io import atomic_write
+from ..models import registry
+from ..models.energy_model import EnergyModel
 from ..models.export import first_line, foreign_file
-from ..models.soap_bpnn import ARCHITECTURE_NAME, SoapBpnn
 
 # 2: SOAP buffers changed (one upper-triangle index, spread and normalisation buffers)
 # 3: spherical Bessel radial basis, trimmed channels (wavenumbers and selected buffers)
@@ -63,10 +64,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             )
     else:
         raise AtomtrainError(f"{path}: not an atomtrain checkpoint")
-    if state.get("architecture") != ARCHITECTURE_NAME:
+    if state.get("architecture") not in registry.known():
         raise AtomtrainError(
-            f"{path}: checkpoint of architecture '{state.get('architecture')}', but this "
-            f"run uses '{ARCHITECTURE_NAME}'; restart with a matching checkpoint"
+            f"{path}: checkpoint of architecture '{state.get('architecture')}', which this "
+            f"atomtrain does not know (known: {', '.join(registry.known())})"
         )
     return state
 
@@ -86,14 +87,15 @@ def unreadable(path: Path, error: BaseException) -> str:
     return f"{path}: not a readable atomtrain checkpoint ({first_line(error)})"
 
 
-def best_model(path: str | Path) -> SoapBpnn:
+def best_model(path: str | Path) -> EnergyModel:
     """The best model of the checkpoint at ``path``."""
     return model_from_checkpoint(load_checkpoint(path), best=True)
 
 
-def model_from_checkpoint(state: dict[str, Any], best: bool = True) -> SoapBpnn:
+def model_from_checkpoint(state: dict[str, Any], best: bool = True) -> EnergyModel:
     """The model a checkpoint holds: the best one by default, else the latest."""
-    model = SoapBpnn(**state["hypers"]).set_precision(getattr(torch, state["dtype"]))
+    architecture = registry.architecture(state["architecture"])
+    model = architecture.model_from(state["hypers"]).set_precision(getattr(torch, state["dtype"]))
     weights = state["best_model_state"] if best and "best_model_state" in state else None
     model.load_state_dict(weights or state["model_state"])
     model.baseline_span = state.get("baseline_span")  # absent from older checkpoints

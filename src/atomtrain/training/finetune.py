@@ -9,14 +9,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import AtomtrainError, OptionsError
+from ..models import registry
+from ..models.energy_model import EnergyModel
 from ..models.export import BASELINE_SPAN_FILE, HYPERS_FILE, load_exported
-from ..models.soap_bpnn import SoapBpnn
 from ..options import FINETUNE_LEARNING_RATE, Options
 from .checkpoint import best_model
-from .setup import model_options_of
 
 
-def pretrained_model(path: str) -> SoapBpnn:
+def pretrained_model(path: str) -> EnergyModel:
     """The model to fine-tune: a checkpoint's best model (.ckpt), or an exported model
     with the hyperparameters that export stores beside its code."""
     if Path(path).suffix == ".ckpt":
@@ -28,7 +28,8 @@ def pretrained_model(path: str) -> SoapBpnn:
             f"{path}: this exported model does not hold its hyperparameters (an older "
             "atomtrain exported it); fine-tune from the checkpoint of its run (best.ckpt)"
         )
-    model = SoapBpnn(**json.loads(extra[HYPERS_FILE]))
+    hypers = json.loads(extra[HYPERS_FILE])
+    model = registry.architecture_of(hypers).model_from(hypers)
     model.set_precision(next(exported.parameters()).dtype)
     # TorchScript's state_dict also holds the buffers the model does not save (derived)
     saved = model.state_dict()
@@ -58,7 +59,7 @@ def value_at(section: BaseModel, dotted: str) -> Any:
     return value
 
 
-def adopt_pretrained(options: Options, source: str) -> SoapBpnn | None:
+def adopt_pretrained(options: Options, source: str) -> EnergyModel | None:
     """With architecture.training.finetune: the pretrained model, and ``options`` made to
     describe it (model section, atomic_types), so that the run's record builds it again.
     Keys the options file set to other values than the checkpoint's are refused."""
@@ -67,8 +68,14 @@ def adopt_pretrained(options: Options, source: str) -> SoapBpnn | None:
         return None
     model = pretrained_model(finetune.read_from)
     hypers = model.hypers
-    pretrained = model_options_of(hypers)
     architecture = options.architecture
+    if hypers["architecture"] != architecture.name:
+        raise OptionsError(
+            f"{source}: 'architecture.name' is {architecture.name}, but the model "
+            f"fine-tuned from {finetune.read_from} is {hypers['architecture']}; set "
+            f"architecture.name: {hypers['architecture']}"
+        )
+    pretrained = registry.architecture(architecture.name).options_from(hypers)
     conflicts = [
         (f"architecture.model.{key}", value, value_at(pretrained, key))
         for key, value in keys_set(architecture.model, "").items()

@@ -21,8 +21,8 @@ from ..data.batch import collate, empty_batch
 from ..data.sampler import shard_by_work
 from ..data.system import Structure
 from ..distributed import Context
+from ..models import registry
 from ..models.export import export
-from ..models.soap_bpnn import ARCHITECTURE_NAME
 from ..options import Options, expanded
 from .checkpoint import save_checkpoint
 from .datasets import Datasets, targets_given
@@ -100,6 +100,7 @@ class Trainer:
             record = expanded(options)
             record["seed"] = seed
             write_run_record(run.directory, record, self.datasets.split)
+        registry.architecture(options.architecture.name).check_device(context.device)
         self.model.to(context.device)
         context.broadcast_parameters(self.model)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
@@ -255,7 +256,7 @@ class Trainer:
         """Everything needed to continue: ``epoch`` full epochs and ``step`` global
         steps of the next one are done; ``epoch_sums`` are that epoch's metric sums."""
         state: dict[str, Any] = {
-            "architecture": ARCHITECTURE_NAME,
+            "architecture": self.model.hypers["architecture"],
             "hypers": self.model.hypers,
             "baseline_span": self.model.baseline_span,
             "trained_on": self.model.trained_on,

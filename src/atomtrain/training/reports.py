@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from ..models.soap_bpnn import SoapBpnn
+from ..models import registry
+from ..models.energy_model import EnergyModel
 from .datasets import Datasets, targets_given
 
 
@@ -34,10 +35,12 @@ def describe_training(datasets: Datasets, finetuned_from: str | None) -> str:
     return text
 
 
-def describe_model(model: SoapBpnn, dtype: torch.dtype) -> str:
+def describe_model(model: EnergyModel, dtype: torch.dtype) -> str:
     n_parameters = sum(parameter.numel() for parameter in model.parameters())
+    architecture = registry.architecture(model.hypers["architecture"])
+    details = "".join(f"{detail}, " for detail in model.details())
     return (
-        f"model: SOAP-BPNN, {model.soap.n_features} features, {n_parameters} parameters, "
+        f"model: {architecture.display_name}, {details}{n_parameters} parameters, "
         f"elements {model.atomic_types}, {dtype}"
     )
 

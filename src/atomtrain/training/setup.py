@@ -12,12 +12,15 @@ from typing import Any
 
 import torch
 
-from ..data.sampler import BatchPlan, pack_once
+from ..data.neighbors import neighbor_list
+from ..data.sampler import BatchPlan, pack_once, shard
 from ..data.system import Structure
 from ..distributed import Context
-from ..errors import DataError
-from ..models.soap_bpnn import SoapBpnn
-from ..options import FINETUNE_LEARNING_RATE, ModelOptions, Options, TrainingOptions
+from ..errors import DataError, OptionsError
+from ..models import registry
+from ..models.architecture import DataFacts
+from ..models.energy_model import EnergyModel
+from ..options import FINETUNE_LEARNING_RATE, Options, TrainingOptions
 from .baseline import fit_baseline, refit_undetermined_baseline
 from .checkpoint import model_from_checkpoint
 from .datasets import Datasets, elements, file_labels, load_datasets
@@ -34,7 +37,7 @@ class Run:
     directory: Path  # chosen by rank 0, known to all ranks
     restart_state: dict[str, Any] | None = None
     output_path: Path | None = None
-    pretrained: SoapBpnn | None = None  # the model to fine-tune, if any
+    pretrained: EnergyModel | None = None  # the model to fine-tune, if any
 
 
 def training_dtype(options: Options) -> torch.dtype:
@@ -46,37 +49,30 @@ def model_elements(options: Options, training: list[Structure]) -> list[int]:
     return options.architecture.atomic_types or sorted(elements(training))
 
 
-def build_model(options: Options, atomic_types: list[int]) -> SoapBpnn:
-    model_options = options.architecture.model
-    return SoapBpnn(
-        atomic_types,
-        cutoff=model_options.soap.cutoff.radius,
-        cutoff_width=model_options.soap.cutoff.width,
-        max_radial=model_options.soap.max_radial,
-        max_angular=model_options.soap.max_angular,
-        num_hidden_layers=model_options.bpnn.num_hidden_layers,
-        num_neurons_per_layer=model_options.bpnn.num_neurons_per_layer,
-        layernorm=model_options.bpnn.layernorm,
-    )
+def build_model(options: Options, facts: DataFacts) -> EnergyModel:
+    """A new model of the options' architecture, built from its model section."""
+    architecture = registry.architecture(options.architecture.name)
+    return architecture.build(options.architecture.model, facts)
 
 
-def model_options_of(hypers: dict[str, Any]) -> ModelOptions:
-    """The model section that builds a model with these hyperparameters: the inverse
-    of build_model, for a run that starts from a trained model."""
-    return ModelOptions.model_validate(
-        {
-            "soap": {
-                "cutoff": {"radius": hypers["cutoff"], "width": hypers["cutoff_width"]},
-                "max_radial": hypers["max_radial"],
-                "max_angular": hypers["max_angular"],
-            },
-            "bpnn": {
-                "num_hidden_layers": hypers["num_hidden_layers"],
-                "num_neurons_per_layer": hypers["num_neurons_per_layer"],
-                "layernorm": hypers["layernorm"],
-            },
-        }
-    )
+def data_facts(options: Options, training: list[Structure], context: Context) -> DataFacts:
+    """The elements of a new model, and the mean neighbor count when its architecture
+    asks for it: from every rank's share, as sums of pairs and atoms, so that it is the
+    same whatever the number of processes."""
+    facts = DataFacts(model_elements(options, training))
+    architecture = registry.architecture(options.architecture.name)
+    cutoff = architecture.average_neighbors_within(options.architecture.model)
+    if cutoff is not None:
+        local = shard(list(range(len(training))), context.rank, context.world_size)
+        sums = torch.zeros(2, dtype=torch.float64)
+        for index in local:
+            # a half list: each pair is a neighbor of both its atoms
+            sums[0] += 2 * neighbor_list(training[index], cutoff).n_pairs
+            sums[1] += training[index].n_atoms
+        pairs, atoms = context.all_reduce_sum(sums.to(context.device)).tolist()
+        facts.average_neighbors = pairs / max(atoms, 1.0)
+        logger.info(f"{facts.average_neighbors:.3f} neighbors per atom within {cutoff:g} A")
+    return facts
 
 
 def batch_plan(
@@ -133,7 +129,7 @@ class Prepared:
     """What a run starts from."""
 
     datasets: Datasets
-    model: SoapBpnn  # on the CPU, in the training precision, with its baseline
+    model: EnergyModel  # on the CPU, in the training precision, with its baseline
     plan: BatchPlan
 
 
@@ -142,7 +138,7 @@ def prepare(
     context: Context,
     seed: int,
     restart_state: dict[str, Any] | None = None,
-    pretrained: SoapBpnn | None = None,
+    pretrained: EnergyModel | None = None,
 ) -> Prepared:
     """Read the data (split with ``seed``), build the model (from a checkpoint being
     resumed, a model being fine-tuned, or anew with its fitted baseline) and deal the
@@ -154,6 +150,12 @@ def prepare(
     dtype = training_dtype(options)
     torch.manual_seed(seed)
     if restart_state is not None:
+        if restart_state["architecture"] != options.architecture.name:
+            raise OptionsError(
+                f"the checkpoint to resume is of architecture "
+                f"'{restart_state['architecture']}', but the options say "
+                f"'{options.architecture.name}'; resume with the options of its run"
+            )
         model = model_from_checkpoint(restart_state, best=False).set_precision(dtype)
     elif pretrained is not None:
         model = pretrained.set_precision(dtype)
@@ -167,7 +169,7 @@ def prepare(
         )
         refit_undetermined_baseline(model, training, context)
     else:
-        model = build_model(options, model_elements(options, training)).set_precision(dtype)
+        model = build_model(options, data_facts(options, training, context)).set_precision(dtype)
         fit_baseline(model, training, options, context)
     finetune = options.architecture.training.finetune
     model.trained_on = describe_training(

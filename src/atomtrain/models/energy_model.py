@@ -1,18 +1,18 @@
-"""SOAP-BPNN: SOAP features, per-element networks, a per-element energy baseline.
+"""What every architecture's model is to the trainer, the exporter and the calculators:
+per-atom energies from the vectors of neighbor pairs, to which this base adds the
+per-element energy baseline and the target scale, sums per structure, and derives
+forces (-dE/dpositions) and stress ((1/V) dE/dstrain) by autograd, so every model is
+conservative. TorchScript-compatible: the exported file holds the whole model.
 
-Forces are -dE/dpositions and stress is (1/V) dE/dstrain, both by autograd, so the
-model is conservative. The module is TorchScript-compatible: the exported file holds
-the features, networks, baseline, scaling, cutoff and units.
+An architecture implements ``atomic_outputs`` (unscaled per-atom energies in its own
+precision) and ``set_precision``; it never sees the trainer or torch.distributed.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-
-from .bpnn import ElementNetworks, LayerNorm
-from .soap import SoapPowerSpectrum
-
-ARCHITECTURE_NAME = "soap_bpnn"
 
 
 def mirrored_half(
@@ -33,70 +33,40 @@ def mirrored_half(
     return 0
 
 
-class SoapBpnn(torch.nn.Module):
-    """Energy model E = scale * sum_i NN_{Z_i}(SOAP_i) + sum_i baseline_{Z_i}."""
+class EnergyModel(torch.nn.Module):
+    """E = scale * sum_i f(environment of i) + sum_i baseline_{Z_i}."""
 
-    # baseline_span: the composition directions the training data determined the
-    # baseline along (rows), None when unknown; kept for fine-tuning, not for TorchScript.
-    # trained_on: what the model was trained on, for the exported model's description
+    # hypers: the hyperparameter record ({"architecture", "atomic_types", "model"}) the
+    # model is built from again; baseline_span: the composition directions the training
+    # data determined the baseline along (rows), None when unknown; trained_on: what the
+    # model was trained on, for the exported model's description. None is TorchScript's.
     __jit_ignored_attributes__ = ["hypers", "baseline_span", "trained_on"]
 
-    def __init__(
-        self,
-        atomic_types: list[int],
-        cutoff: float = 5.0,
-        cutoff_width: float = 0.5,
-        max_radial: int = 7,
-        max_angular: int = 6,
-        num_hidden_layers: int = 2,
-        num_neurons_per_layer: int = 32,
-        layernorm: bool = True,
-        length_unit: str = "angstrom",
-        energy_unit: str = "eV",
-    ):
+    def __init__(self, hypers: dict[str, Any], cutoff: float):
         super().__init__()
-        atomic_types = sorted(int(z) for z in atomic_types)
-        self.hypers = {
-            "atomic_types": atomic_types,
-            "cutoff": float(cutoff),
-            "cutoff_width": float(cutoff_width),
-            "max_radial": int(max_radial),
-            "max_angular": int(max_angular),
-            "num_hidden_layers": int(num_hidden_layers),
-            "num_neurons_per_layer": int(num_neurons_per_layer),
-            "layernorm": bool(layernorm),
-            "length_unit": length_unit,
-            "energy_unit": energy_unit,
-        }
+        atomic_types = sorted(int(z) for z in hypers["atomic_types"])
+        self.hypers = {**hypers, "atomic_types": atomic_types}
         self.atomic_types = atomic_types
         self.baseline_span: list[list[float]] | None = None
         self.trained_on = ""
         self.cutoff = float(cutoff)
-        self.length_unit = length_unit
-        self.energy_unit = energy_unit
+        self.length_unit = "angstrom"
+        self.energy_unit = "eV"
         type_to_index = torch.full((max(atomic_types) + 1,), -1, dtype=torch.long)
         type_to_index[torch.tensor(atomic_types)] = torch.arange(len(atomic_types))
         self.register_buffer("type_to_index", type_to_index)
-        self.soap = SoapPowerSpectrum(
-            len(atomic_types), cutoff, cutoff_width, max_radial, max_angular
-        )
-        self.layernorm = LayerNorm(self.soap.n_features) if layernorm else torch.nn.Identity()
-        self.networks = ElementNetworks(
-            len(atomic_types),
-            self.soap.n_features,
-            num_hidden_layers,
-            num_neurons_per_layer,
-        )
         self.register_buffer("baseline", torch.zeros(len(atomic_types), dtype=torch.float64))
         self.register_buffer("scale", torch.ones((), dtype=torch.float64))
 
-    def set_precision(self, dtype: torch.dtype) -> SoapBpnn:
-        """Features and networks in ``dtype``; the energy baseline and the sum of atomic
-        energies stay in float64, since total energies can be large (-20000 eV)."""
-        self.soap.to(dtype)
-        self.layernorm.to(dtype)
-        self.networks.to(dtype)
-        return self
+    def set_precision(self, dtype: torch.dtype) -> EnergyModel:
+        """The architecture's parameters in ``dtype``; the energy baseline and the sum of
+        atomic energies stay in float64, since total energies can be large (-20000 eV)."""
+        raise NotImplementedError
+
+    @torch.jit.unused
+    def details(self) -> list[str]:
+        """What the log says of the model besides its parameters, e.g. '1344 features'."""
+        return []
 
     def set_baseline(self, baseline: torch.Tensor, scale: float) -> None:
         """Per-element energies (eV, ordered like ``atomic_types``) and target scale."""
@@ -143,15 +113,20 @@ class SoapBpnn(torch.nn.Module):
         pairs. ``mirrored``: the second half of the pairs is the first reversed, and
         ``edge_vectors`` holds the vectors of the first half only."""
         element_index = self.type_to_index.index_select(0, atomic_numbers)
-        features = self.soap(
-            edge_vectors.to(self.soap.wavenumbers.dtype),  # the features' dtype
-            pair_first,
-            element_index.index_select(0, pair_second),
-            atomic_numbers.shape[0],
-            mirrored,
-        )
-        atomic = self.networks(self.layernorm(features), element_index)
+        atomic = self.atomic_outputs(edge_vectors, pair_first, pair_second, element_index, mirrored)
         return atomic.to(torch.float64) * self.scale + self.baseline.index_select(0, element_index)
+
+    def atomic_outputs(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+    ) -> torch.Tensor:
+        """The architecture's unscaled energy of each atom, [n_atoms], in its precision
+        (``element_index``: each atom's position in atomic_types)."""
+        raise NotImplementedError
 
     # exported: the metatomic wrapper calls atomic_energies, and atomtrain's own eval
     # and calculator call this batched entry point of the inner model

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from ..errors import AtomtrainError
+from ...errors import AtomtrainError
 
 NAMESPACE = "sphericart_torch"
 # sphericart compiles its CUDA kernels at run time with NVIDIA's runtime compiler of

@@ -1,0 +1,67 @@
+"""What an architecture package gives the rest of atomtrain. The trainer, eval, export,
+checkpoints and fine-tuning use an architecture only through this description, found by
+name in :mod:`atomtrain.models.registry`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from .energy_model import EnergyModel
+
+
+def nothing_to_do(*_: Any) -> None:
+    return None
+
+
+@dataclass
+class DataFacts:
+    """What a model is built from besides its section: facts of the training data."""
+
+    atomic_types: list[int]
+    """The elements (atomic numbers) the model is for."""
+    average_neighbors: float | None = None
+    """Mean number of neighbors per atom within the cutoff the architecture names
+    (``average_neighbors_within``), when it names one."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    """``architecture.name`` in options files, checkpoints and exported models."""
+    display_name: str
+    """How logs and the exported model's metadata name it."""
+    model_options: type[BaseModel]
+    """Its ``architecture.model`` section; the validated section is the hyperparameter
+    record that builds the model again."""
+    build: Callable[[BaseModel, DataFacts], EnergyModel]
+    """A new model from its section and the data's facts, with a zero baseline and unit
+    scale (the trainer fits them). The model's ``hypers`` record both."""
+    references: dict[str, list[str]]
+    """The exported model's references (metatomic's 'architecture' list and others)."""
+    check_device: Callable[[torch.device], None] = nothing_to_do
+    """Fails with one line when the model cannot run on a device (its kernels)."""
+    load_extensions: Callable[[], None] = nothing_to_do
+    """Loads the torch extensions its TorchScript code calls, before export (so that
+    metatomic collects them) and before loading an exported model."""
+    script: Callable[[torch.nn.Module], torch.jit.ScriptModule] = torch.jit.script
+    """How its model becomes TorchScript for export."""
+    average_neighbors_within: Callable[[BaseModel], float | None] = nothing_to_do
+    """The cutoff within which the model needs the training set's mean neighbor count
+    (DataFacts.average_neighbors), or None when it needs none."""
+    upgrade_hypers: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda h: h)
+    """The record of an older atomtrain version in today's form."""
+
+    def options_from(self, hypers: dict[str, Any]) -> BaseModel:
+        """The model section a hyperparameter record holds."""
+        return self.model_options.model_validate(self.upgrade_hypers(hypers)["model"])
+
+    def model_from(self, hypers: dict[str, Any]) -> EnergyModel:
+        """A new model (untrained) with the hyperparameters of a record."""
+        hypers = self.upgrade_hypers(hypers)
+        facts = DataFacts(list(hypers["atomic_types"]), **hypers.get("facts", {}))
+        return self.build(self.options_from(hypers), facts)

@@ -1,0 +1,60 @@
+"""MACE (mace-torch's ScaleShiftMACE) as an atomtrain architecture: metatrain's
+``experimental.mace``, and ``mace``. mace-torch is imported when a MACE model is first
+built or loaded, never by runs of other architectures."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..architecture import Architecture, DataFacts
+from .options import ModelOptions
+
+if TYPE_CHECKING:
+    from .model import MaceModel
+
+ARCHITECTURE_NAME = "mace"
+
+REFERENCES = {
+    "implementation": [
+        "atomtrain: https://github.com/atomtrain/atomtrain",
+        "mace-torch: https://github.com/ACEsuit/mace",
+    ],
+    "architecture": [
+        "MACE: I. Batatia, D. P. Kovács, G. N. C. Simm, C. Ortner, G. Csányi, Advances in "
+        "Neural Information Processing Systems 35, 11423 (2022), "
+        "https://arxiv.org/abs/2206.07697",
+    ],
+}
+
+
+def build(options: ModelOptions, facts: DataFacts) -> MaceModel:
+    from .model import MaceModel
+
+    average = options.avg_num_neighbors or facts.average_neighbors
+    assert average is not None, "the trainer computes average_neighbors when asked"
+    return MaceModel(facts.atomic_types, options, average)
+
+
+def script(model: torch.nn.Module) -> torch.jit.ScriptModule:
+    """e3nn's compile: plain torch.jit.script fails on MACE's e3nn modules."""
+    from .library import import_mace
+
+    _, _, jit = import_mace()
+    return jit.compile(model)
+
+
+def average_neighbors_within(options: ModelOptions) -> float | None:
+    return options.r_max if options.avg_num_neighbors is None else None
+
+
+ARCHITECTURE = Architecture(
+    name=ARCHITECTURE_NAME,
+    display_name="MACE",
+    model_options=ModelOptions,
+    build=build,
+    references=REFERENCES,
+    script=script,
+    average_neighbors_within=average_neighbors_within,
+)

@@ -1,0 +1,68 @@
+"""SOAP-BPNN as an atomtrain architecture (metatrain's ``soap_bpnn``). Its model, and
+with it sphericart's library, is imported when first built: an exported model lists
+every torch extension loaded in the process, and another architecture's must not list
+sphericart."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..architecture import Architecture, DataFacts
+from .harmonics_library import check_harmonics_on, import_sphericart_torch
+from .options import ModelOptions
+
+if TYPE_CHECKING:
+    from .model import SoapBpnn
+
+ARCHITECTURE_NAME = "soap_bpnn"
+
+REFERENCES = {
+    "implementation": ["atomtrain: https://github.com/atomtrain/atomtrain"],
+    "architecture": [
+        "SOAP: A. P. Bartók, R. Kondor, G. Csányi, Phys. Rev. B 87, 184115 (2013), "
+        "https://doi.org/10.1103/PhysRevB.87.184115",
+        "Behler-Parrinello networks: J. Behler, M. Parrinello, Phys. Rev. Lett. 98, 146401 "
+        "(2007), https://doi.org/10.1103/PhysRevLett.98.146401",
+    ],
+}
+
+
+def upgrade_hypers(hypers: dict[str, Any]) -> dict[str, Any]:
+    """Records before architectures were plug-ins held the constructor's flat keyword
+    arguments (cutoff, max_radial, ...); today's hold the model section."""
+    if "model" in hypers:
+        return hypers
+    return {
+        "architecture": ARCHITECTURE_NAME,
+        "atomic_types": hypers["atomic_types"],
+        "model": {
+            "soap": {
+                "cutoff": {"radius": hypers["cutoff"], "width": hypers["cutoff_width"]},
+                "max_radial": hypers["max_radial"],
+                "max_angular": hypers["max_angular"],
+            },
+            "bpnn": {
+                "num_hidden_layers": hypers["num_hidden_layers"],
+                "num_neurons_per_layer": hypers["num_neurons_per_layer"],
+                "layernorm": hypers["layernorm"],
+            },
+        },
+    }
+
+
+def build(options: ModelOptions, facts: DataFacts) -> SoapBpnn:
+    from .model import SoapBpnn
+
+    return SoapBpnn(facts.atomic_types, options)
+
+
+ARCHITECTURE = Architecture(
+    name=ARCHITECTURE_NAME,
+    display_name="SOAP-BPNN",
+    model_options=ModelOptions,
+    build=build,
+    references=REFERENCES,
+    check_device=check_harmonics_on,
+    load_extensions=import_sphericart_torch,
+    upgrade_hypers=upgrade_hypers,
+)

@@ -1,0 +1,291 @@
+"""MACE (mace-torch) trained by atomtrain's trainer: symmetry and derivatives of the
+model, N processes giving the one-process model, exact resume, a metatrain
+``experimental.mace`` options file, and mace-torch's import kept from weakening
+atomtrain's checkpoint loads. Tiny hyperparameters keep it fast."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import ase
+import ase.build
+import ase.io
+import numpy as np
+import pytest
+import torch
+import yaml
+from scipy.spatial.transform import Rotation
+
+from atomtrain.ase import Calculator
+from atomtrain.cli.main import main
+from atomtrain.errors import AtomtrainError
+from atomtrain.models import registry
+from atomtrain.models.architecture import DataFacts
+from atomtrain.training.checkpoint import best_model, load_checkpoint
+
+from conftest import RESOURCES
+from helpers import (
+    environment,
+    finish,
+    run_directories,
+    run_model,
+    start_ranks,
+    structure_from_atoms,
+    write_options,
+)
+
+PYTHON = sys.executable
+ETHANOL = RESOURCES / "ethanol_40.xyz"
+TINY_MACE = {
+    "r_max": 4.0,
+    "num_radial_basis": 4,
+    "max_ell": 2,
+    "hidden_irreps": "4x0e + 4x1o",
+    "correlation": 2,
+    "num_interactions": 2,
+    "radial_MLP": [8],
+    "MLP_irreps": "4x0e",
+}
+EPOCHS = 8
+
+
+def tiny_mace(atomic_types, seed=0):
+    torch.manual_seed(seed)
+    architecture = registry.architecture("mace")
+    options = architecture.model_options.model_validate(TINY_MACE)
+    model = architecture.build(options, DataFacts(atomic_types, 9.0)).set_precision(torch.float64)
+    model.set_baseline(torch.linspace(-3.0, -1.0, len(atomic_types)), 0.7)
+    return model
+
+
+def mace_options(directory, data=ETHANOL, **changes):
+    settings = {
+        "architecture__name": "mace",
+        "architecture__model": TINY_MACE,
+        "architecture__training__batch_size": 4,
+        "architecture__training__num_epochs": EPOCHS,
+        "architecture__training__checkpoint_interval": 1,
+        "architecture__training__learning_rate": 0.01,
+        **changes,
+    }
+    return write_options(directory, data, **settings)
+
+
+def silicon_cell() -> ase.Atoms:
+    atoms = ase.build.bulk("Si", "diamond", a=5.43, cubic=True)
+    atoms.rattle(0.1, seed=1)
+    atoms.set_cell(atoms.cell.array @ (np.eye(3) + 0.03 * np.triu(np.ones((3, 3)), 1)), True)
+    return atoms
+
+
+def ethanol() -> ase.Atoms:
+    return ase.io.read(ETHANOL, index=2)
+
+
+@pytest.mark.parametrize("make", [ethanol, silicon_cell])
+def test_energies_are_invariant_and_forces_equivariant_under_rotation(make):
+    atoms = make()
+    periodic = bool(atoms.pbc.all())
+    model = tiny_mace(sorted(set(atoms.numbers)))
+    rotation = Rotation.random(random_state=3).as_matrix()
+    rotated = atoms.copy()
+    rotated.positions = atoms.positions @ rotation.T
+    rotated.cell = atoms.cell.array @ rotation.T
+    before = run_model(model, [structure_from_atoms(atoms)], stress=periodic)
+    after = run_model(model, [structure_from_atoms(rotated)], stress=periodic)
+    energy = float(before["energy"][0])
+    assert float(after["energy"][0]) == pytest.approx(energy, abs=1e-10, rel=0)
+    forces = before["forces"].detach().numpy()
+    assert np.abs(forces).max() > 1e-3
+    np.testing.assert_allclose(after["forces"].detach().numpy(), forces @ rotation.T, atol=1e-10)
+    if periodic:
+        stress = before["stress"][0].detach().numpy()
+        expected = rotation @ stress @ rotation.T
+        np.testing.assert_allclose(after["stress"][0].detach().numpy(), expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("make", [ethanol, silicon_cell])
+def test_forces_and_stress_equal_finite_differences(make):
+    atoms = make()
+    periodic = bool(atoms.pbc.all())
+    model = tiny_mace(sorted(set(atoms.numbers)))
+
+    def energy(moved: ase.Atoms) -> float:
+        return float(run_model(model, [structure_from_atoms(moved)], forces=False)["energy"][0])
+
+    predicted = run_model(model, [structure_from_atoms(atoms)], stress=periodic)
+    step = 1e-5
+    for atom, direction in [(0, 0), (1, 2), (len(atoms) - 1, 1)]:
+        shifted = []
+        for sign in (1, -1):
+            moved = atoms.copy()
+            moved.positions[atom, direction] += sign * step
+            shifted.append(energy(moved))
+        derivative = (shifted[0] - shifted[1]) / (2 * step)
+        assert float(predicted["forces"][atom, direction]) == pytest.approx(-derivative, abs=1e-7)
+    if periodic:
+        volume = atoms.get_volume()
+        stress = predicted["stress"][0].detach().numpy()
+        assert np.abs(stress).max() > 1e-4
+        for i, j in [(0, 0), (1, 2), (2, 1)]:
+            shifted = []
+            for sign in (1, -1):
+                strain = np.eye(3)
+                strain[i, j] += sign * step / 2
+                strain[j, i] += sign * step / 2
+                moved = atoms.copy()
+                moved.set_cell(atoms.cell.array @ strain, scale_atoms=True)
+                shifted.append(energy(moved))
+            derivative = (shifted[0] - shifted[1]) / (2 * step) / volume
+            assert stress[i, j] == pytest.approx(derivative, abs=1e-8)
+
+
+def train_command(options, run_dir, *extra):
+    command = [PYTHON, "-m", "atomtrain", "train", str(options), "--run-dir", str(run_dir)]
+    return command + list(extra)
+
+
+def run_to_the_end(command) -> None:
+    result = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+
+
+def final_model(run_dir):
+    state = torch.load(run_dir / "last.ckpt", weights_only=True)
+    assert (state["epoch"], state["step"]) == (EPOCHS, 0)
+    return state["model_state"]
+
+
+def assert_same_model(actual, expected, tolerance=1e-8):
+    compared = 0
+    for name, value in expected.items():
+        if value.is_floating_point() and value.numel() > 0:
+            difference = (actual[name] - value).abs().max()
+            assert difference <= tolerance * value.abs().max().clamp_min(1e-12), name
+            compared += value.numel()
+    assert compared > 100
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted single-process MACE run."""
+    directory = tmp_path_factory.mktemp("mace_reference")
+    run_to_the_end(train_command(mace_options(directory), directory / "run"))
+    return final_model(directory / "run")
+
+
+def test_nproc_2_gives_the_single_process_model(tmp_path, reference):
+    run_to_the_end(train_command(mace_options(tmp_path), tmp_path / "run", "--nproc", "2"))
+    assert_same_model(final_model(tmp_path / "run"), reference)
+
+
+def test_stopped_mid_run_resumes_with_two_processes_to_the_same_model(tmp_path, reference):
+    options = mace_options(tmp_path)
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        train_command(options, run_dir),
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    csv_file = run_dir / "train.csv"
+    while not (csv_file.exists() and len(csv_file.read_text().splitlines()) > 2):
+        assert process.poll() is None, process.communicate()
+    process.send_signal(signal.SIGTERM)
+    ((code, _, error),) = finish([process])
+    assert code == 75 and "training stopped by SIGTERM" in error
+    state = torch.load(run_dir / "last.ckpt", weights_only=True)
+    assert (state["epoch"], state["step"]) != (EPOCHS, 0)
+    results = finish(start_ranks(train_command(options, run_dir, "--restart", "auto")))
+    assert all(code == 0 for code, _, _ in results), results
+    assert_same_model(final_model(run_dir), reference)
+
+
+METATRAIN_OPTIONS = """
+seed: 42
+base_precision: 64
+architecture:
+  name: experimental.mace
+  model:
+    r_max: 4.0
+    num_radial_basis: 4
+    max_ell: 1
+    hidden_irreps: 4x0e + 4x1o
+    correlation: 2
+    num_interactions: 1
+    radial_MLP: [8]
+    MLP_irreps: 4x0e
+    gate: silu
+    interaction: RealAgnosticResidualInteractionBlock
+  training:
+    batch_size: 8
+    num_epochs: 2
+    log_interval: 1
+    checkpoint_interval: 100
+    learning_rate: 0.01
+training_set:
+  systems:
+    read_from: ethanol_40.xyz
+    length_unit: angstrom
+  targets:
+    energy:
+      key: energy
+      unit: eV
+validation_set: 0.1
+test_set: 0.1
+"""
+
+
+def test_a_metatrain_experimental_mace_options_file_trains(tmp_path, monkeypatch, capsys):
+    (tmp_path / "ethanol_40.xyz").write_bytes(ETHANOL.read_bytes())
+    (tmp_path / "options.yaml").write_text(METATRAIN_OPTIONS)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "options.yaml", "-o", "model.pt"]) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    assert "model: MACE, 1 interactions of 4x0e + 4x1o" in (run / "train.log").read_text()
+    assert yaml.safe_load((run / "options.yaml").read_text())["architecture"]["name"] == "mace"
+    # the ASE calculator and eval on the exported model give the checkpoint's predictions
+    atoms = ase.io.read(ETHANOL, index=5)
+    expected = run_model(best_model(run / "best.ckpt"), [structure_from_atoms(atoms)])
+    atoms.calc = Calculator("model.pt")
+    assert atoms.get_potential_energy() == pytest.approx(float(expected["energy"][0]), abs=1e-10)
+    np.testing.assert_allclose(atoms.get_forces(), expected["forces"].detach(), atol=1e-10)
+    assert main(["eval", "model.pt", "ethanol_40.xyz", "-o", "predicted.xyz"]) == 0
+    assert len(ase.io.read("predicted.xyz", ":")) == 40
+    # fine-tuning from the exported model keeps MACE and its hyperparameters
+    finetune = yaml.safe_load(METATRAIN_OPTIONS)
+    finetune["architecture"]["training"]["finetune"] = {"read_from": "model.pt"}
+    finetune["architecture"]["training"]["num_epochs"] = 1
+    (tmp_path / "finetune.yaml").write_text(yaml.safe_dump(finetune))
+    assert main(["train", "finetune.yaml", "-o", "finetuned.pt"]) == 0
+    assert "fine-tuning the best model of" in capsys.readouterr().err + "".join(
+        path.read_text() for path in (tmp_path / "outputs").rglob("train.log")
+    )
+    # a metatrain key whose feature atomtrain lacks: one line naming it, exit code 2
+    bad = METATRAIN_OPTIONS.replace("    gate: silu\n", "    gate: silu\n    mace_model: a.model\n")
+    (tmp_path / "bad.yaml").write_text(bad)
+    capsys.readouterr()
+    assert main(["train", "bad.yaml"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    assert "'architecture.model.mace_model'" in error and "not implemented" in error
+
+
+class NotWeights:
+    def __reduce__(self):
+        return (print, ("code ran while loading",))
+
+
+def test_mace_leaves_checkpoint_loading_strict(tmp_path):
+    """The variable e3nn needs at import is set for the import only: afterwards a
+    checkpoint holding arbitrary Python objects is still refused, not executed."""
+    tiny_mace([1, 6, 8])
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ
+    path = tmp_path / "evil.ckpt"
+    torch.save({"format": "atomtrain-checkpoint-3", "payload": NotWeights()}, path)
+    with pytest.raises(AtomtrainError, match="not a readable atomtrain checkpoint"):
+        load_checkpoint(path)
