@@ -15,9 +15,11 @@ validation pass each does every epoch), without start-up. Structures per second 
 training set's size over it. Test errors: each tool's own report of its final model
 on the test file (mace_run_train: its log's table; atomtrain: the metrics table).
 
-What differs by design (so errors are not expected to match to the digit): the
+The loss weights are mace_run_train's defaults (energy 1, forces 100) for both. What
+differs by design (so errors are not expected to match to the digit): the
 energy baseline (mace_run_train: E0s by least squares, "--E0s average" here is its
-mean per element; atomtrain: least squares), the optimizer (mace_run_train: Adam with
+mean per element; atomtrain: least squares; both scale by the RMS of the training
+forces), the optimizer (mace_run_train: Adam with
 amsgrad and weight decay 5e-7, ReduceLROnPlateau; atomtrain: Adam, linear warmup and
 decay) and the loss normalisation.
 """
@@ -115,6 +117,8 @@ def atomtrain_options(directory: Path, files, epochs, dtype, seed) -> Path:
                 "learning_rate": LEARNING_RATE,
                 "log_interval": 1,
                 "checkpoint_interval": 1000,
+                # mace_run_train's default weighted loss: energy 1, forces 100
+                "loss": {"weights": {"energy": 1.0, "forces": 100.0}},
             },
         },
         "training_set": section(files["train"]),
@@ -138,11 +142,13 @@ def timed(command: list[str], cwd: Path, threads: int) -> tuple[float, str]:
 
 def mace_test_errors(directory: Path, name: str) -> tuple[float, float]:
     """(energy per atom meV, forces meV/A) RMSE on the test file, from mace's log table."""
-    log = "\n".join(path.read_text() for path in (directory / "logs").glob(f"{name}*.log"))
-    rows = [line for line in log.splitlines() if "|" in line and "test" in line.split("|")[1]]
-    if not rows:
-        sys.exit(f"no test row in mace_run_train's log of {name}")
-    cells = [cell.strip() for cell in rows[-1].split("|") if cell.strip()]
+    (log,) = (directory / "logs").glob(f"{name}_run-*[0-9].log")
+    text = log.read_text()
+    if "Error-table on TEST" not in text:
+        sys.exit(f"no test table in {log}")
+    table = text.split("Error-table on TEST", 1)[1].splitlines()
+    rows = [line for line in table if line.startswith("|") and "config_type" not in line]
+    cells = [cell.strip() for cell in rows[0].split("|") if cell.strip()]
     return float(cells[1]), float(cells[2])
 
 

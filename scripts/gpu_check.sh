@@ -12,7 +12,10 @@
 # 4. the exported metatomic model runs on the GPU through metatomic-ase;
 # 5. a converted (memory-mapped) directory trains on the GPU and gives the xyz file's
 #    first-epoch losses;
-# 6. training and inference throughput by batch size (benchmarks/gpu_throughput.py).
+# 6. training and inference throughput by batch size (benchmarks/gpu_throughput.py);
+# 7. MACE (when mace-torch is installed): the GPU gives the CPU's results, the MACE
+#    example trains on the GPU for two epochs, its metatomic export runs there, and its
+#    throughput.
 # Each step prints what it checked; the script stops at the first failure.
 set -euo pipefail
 
@@ -38,22 +41,7 @@ time atomtrain eval single.pt ethanol_1000.xyz -o predictions.xyz
 time torchrun --standalone --nproc_per_node "$GPUS" -m atomtrain train options.yaml -o torchrun.pt "${OVERRIDES[@]}"
 # 4. the exported metatomic model on the GPU through metatomic-ase gives the CPU's
 #    energy and forces (the engine's path: neighbor list, autograd through it)
-python - single.pt <<'PYTHON'
-import sys
-import ase.io
-import numpy as np
-from metatomic_ase import MetatomicCalculator
-model = sys.argv[1]
-atoms = ase.io.read("ethanol_1000.xyz", 0)
-results = {}
-for device in ("cpu", "cuda"):
-    atoms.calc = MetatomicCalculator(model, extensions_directory="extensions", device=device)
-    results[device] = (atoms.get_potential_energy(), atoms.get_forces())
-energy = abs(results["cpu"][0] - results["cuda"][0])
-forces = np.abs(results["cpu"][1] - results["cuda"][1]).max()
-print(f"gpu_check: metatomic on cuda vs cpu: energy {energy:.2e} eV, forces {forces:.2e} eV/A")
-assert energy < 1e-3 and forces < 1e-3, "the metatomic model on the GPU differs from the CPU"
-PYTHON
+python "$ROOT/scripts/gpu_metatomic_matches_cpu.py" single.pt ethanol_1000.xyz
 # 5. the memory-mapped directory path on the GPU: one epoch from the directory and from
 #    the xyz file, same losses (--float64 keeps the file's float64 energies)
 atomtrain convert ethanol_1000.xyz -o ethanol_dir --float64
@@ -71,4 +59,15 @@ echo "gpu_check: directory and xyz give the same first epoch on cuda"
 python "$ROOT/benchmarks/gpu_throughput.py" ethanol_1000.xyz --batch-sizes 8 64 256
 python "$ROOT/benchmarks/gpu_throughput.py" "$ROOT/examples/silicon/si_train.xyz" --batch-sizes 8 64
 python "$ROOT/benchmarks/gpu_throughput.py" ethanol_1000.xyz --batch-sizes 64 --dtype float64
+# 7. MACE
+if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("mace") is None)'; then
+    python "$ROOT/scripts/gpu_matches_cpu.py" "$ROOT/examples/silicon/si_train.xyz" --architecture mace --tolerance "$TOLERANCE"
+    python "$ROOT/scripts/gpu_matches_cpu.py" ethanol_1000.xyz --architecture mace --tolerance "$TOLERANCE"
+    sed 's|read_from: ../ethanol/ethanol_1000.xyz|read_from: ethanol_1000.xyz|' "$ROOT/examples/mace/options.yaml" > mace.yaml
+    time atomtrain train mace.yaml -o mace.pt "${OVERRIDES[@]}" -r architecture.training.batch_size=32
+    python "$ROOT/scripts/gpu_metatomic_matches_cpu.py" mace.pt ethanol_1000.xyz
+    python "$ROOT/benchmarks/gpu_throughput.py" ethanol_1000.xyz --architecture mace --batch-sizes 8 64 --steps 10
+else
+    echo "gpu_check: mace-torch is not installed; MACE steps skipped"
+fi
 echo "gpu_check: all steps passed"

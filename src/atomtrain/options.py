@@ -542,6 +542,11 @@ def _resolve_paths(options: Options, base: Path) -> Options:
     finetune = options.architecture.training.finetune
     if finetune is not None:
         finetune.read_from = _resolved(finetune.read_from, base)
+    section = options.architecture.model
+    start_file = registry.architecture(options.architecture.name).start_file(section)
+    if start_file is not None:
+        key = registry.architecture(options.architecture.name).start_file_key
+        setattr(section, key, _resolved(start_file, base))
     for section in (options.training_set, options.validation_set, options.test_set):
         for dataset in section if isinstance(section, list) else []:
             dataset.systems.read_from = _resolved(dataset.systems.read_from, base)

@@ -72,6 +72,26 @@ def wait_for_epochs(run_dir: Path, epochs: int, processes, limit=120.0):
     pytest.fail("training did not start in time")
 
 
+def stop_then_resume_with_two(options: Path, run_dir: Path, epochs: int) -> None:
+    """SIGTERM a one-process run after its second epoch, then resume it with two
+    processes to its end."""
+    process = subprocess.Popen(
+        train_command(options, run_dir),
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_epochs(run_dir, 2, [process])
+    process.send_signal(signal.SIGTERM)
+    ((code, _, error),) = finish([process])
+    assert code == 75 and "training stopped by SIGTERM" in error
+    state = torch.load(run_dir / "last.ckpt", weights_only=True)
+    assert (state["epoch"], state["step"]) != (epochs, 0)
+    results = finish(start_ranks(train_command(options, run_dir, "--restart", "auto")))
+    assert all(code == 0 for code, _, _ in results), results
+
+
 def final_state(run_dir: Path):
     state = torch.load(run_dir / "last.ckpt", weights_only=True)
     assert state["epoch"] == EPOCHS and state["step"] == 0
@@ -133,21 +153,7 @@ def test_sigterm_on_single_process_then_resume_with_two(tmp_path, reference, dat
         assert main(["convert", str(ETHANOL), "-o", str(source), "--float64"]) == 0
     options = options_in(tmp_path, source)
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        train_command(options, run_dir),
-        env=environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for_epochs(run_dir, 2, [process])
-    process.send_signal(signal.SIGTERM)
-    ((code, _, error),) = finish([process])
-    assert code == 75 and "training stopped by SIGTERM" in error
-    state = torch.load(run_dir / "last.ckpt", weights_only=True)
-    assert (state["epoch"], state["step"]) != (EPOCHS, 0)
-    results = finish(start_ranks(train_command(options, run_dir, "--restart", "auto")))
-    assert all(code == 0 for code, _, _ in results), results
+    stop_then_resume_with_two(options, run_dir, EPOCHS)
     assert_same_model(final_state(run_dir), reference)
 
 

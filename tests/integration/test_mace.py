@@ -6,7 +6,6 @@ atomtrain's checkpoint loads. Tiny hyperparameters keep it fast."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -21,21 +20,25 @@ from scipy.spatial.transform import Rotation
 
 from atomtrain.ase import Calculator
 from atomtrain.cli.main import main
+from atomtrain.distributed.context import single_process
 from atomtrain.errors import AtomtrainError
 from atomtrain.models import registry
 from atomtrain.models.architecture import DataFacts
+from atomtrain.options import parse_options
+from atomtrain.training.baseline import fit_baseline
 from atomtrain.training.checkpoint import best_model, load_checkpoint
 
 from conftest import RESOURCES
 from helpers import (
     environment,
-    finish,
+    read,
     run_directories,
     run_model,
-    start_ranks,
+    small_model,
     structure_from_atoms,
     write_options,
 )
+from test_faults import stop_then_resume_with_two
 
 PYTHON = sys.executable
 ETHANOL = RESOURCES / "ethanol_40.xyz"
@@ -183,25 +186,8 @@ def test_nproc_2_gives_the_single_process_model(tmp_path, reference):
 
 
 def test_stopped_mid_run_resumes_with_two_processes_to_the_same_model(tmp_path, reference):
-    options = mace_options(tmp_path)
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        train_command(options, run_dir),
-        env=environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    csv_file = run_dir / "train.csv"
-    while not (csv_file.exists() and len(csv_file.read_text().splitlines()) > 2):
-        assert process.poll() is None, process.communicate()
-    process.send_signal(signal.SIGTERM)
-    ((code, _, error),) = finish([process])
-    assert code == 75 and "training stopped by SIGTERM" in error
-    state = torch.load(run_dir / "last.ckpt", weights_only=True)
-    assert (state["epoch"], state["step"]) != (EPOCHS, 0)
-    results = finish(start_ranks(train_command(options, run_dir, "--restart", "auto")))
-    assert all(code == 0 for code, _, _ in results), results
+    stop_then_resume_with_two(mace_options(tmp_path), run_dir, EPOCHS)
     assert_same_model(final_model(run_dir), reference)
 
 
@@ -266,13 +252,13 @@ def test_a_metatrain_experimental_mace_options_file_trains(tmp_path, monkeypatch
         path.read_text() for path in (tmp_path / "outputs").rglob("train.log")
     )
     # a metatrain key whose feature atomtrain lacks: one line naming it, exit code 2
-    bad = METATRAIN_OPTIONS.replace("    gate: silu\n", "    gate: silu\n    mace_model: a.model\n")
+    bad = METATRAIN_OPTIONS.replace("    gate: silu\n", "    gate: silu\n    mace_head_name: pbe\n")
     (tmp_path / "bad.yaml").write_text(bad)
     capsys.readouterr()
     assert main(["train", "bad.yaml"]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1
-    assert "'architecture.model.mace_model'" in error and "not implemented" in error
+    assert "'architecture.model.mace_head_name'" in error and "not supported" in error
 
 
 class NotWeights:
@@ -289,3 +275,96 @@ def test_mace_leaves_checkpoint_loading_strict(tmp_path):
     torch.save({"format": "atomtrain-checkpoint-3", "payload": NotWeights()}, path)
     with pytest.raises(AtomtrainError, match="not a readable atomtrain checkpoint"):
         load_checkpoint(path)
+
+
+def test_mace_scales_its_outputs_by_the_rms_of_the_training_forces():
+    """As mace_run_train does by default; SOAP-BPNN keeps the energies' spread."""
+    structures = read(ETHANOL)[:10]
+    forces = torch.cat([structure.forces for structure in structures])
+    context = single_process(torch.device("cpu"))
+    for name, model in [("mace", tiny_mace([1, 6, 8])), ("soap_bpnn", small_model([1, 6, 8]))]:
+        options = parse_options({"training_set": str(ETHANOL), "architecture": {"name": name}})
+        fit_baseline(model, structures, options, context)
+        rms = float(forces.double().pow(2).mean().sqrt())
+        assert (float(model.scale) == pytest.approx(rms, rel=1e-12)) == (name == "mace")
+
+
+MACE_ENERGY_AND_FORCES = """
+import json, sys
+import ase.io
+from mace.calculators import MACECalculator
+atoms = ase.io.read(sys.argv[2], index=int(sys.argv[3]))
+atoms.calc = MACECalculator(model_paths=sys.argv[1], device="cpu", default_dtype="float64")
+print(json.dumps({"energy": atoms.get_potential_energy(), "forces": atoms.get_forces().tolist()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def mace_run_train_model(tmp_path_factory):
+    """A small MACE trained here by mace-torch's own mace_run_train on bundled data."""
+    directory = tmp_path_factory.mktemp("mace_run_train")
+    frames = ase.io.read(ETHANOL, ":")
+    for atoms in frames:
+        atoms.info["REF_energy"] = atoms.get_potential_energy()
+        atoms.arrays["REF_forces"] = atoms.get_forces()
+        atoms.calc = None
+    ase.io.write(directory / "train.xyz", frames[:30])
+    ase.io.write(directory / "valid.xyz", frames[30:])
+    command = [
+        "mace_run_train", "--name=tiny", "--train_file=train.xyz", "--valid_file=valid.xyz",
+        "--energy_key=REF_energy", "--forces_key=REF_forces", "--E0s=average",
+        "--model=ScaleShiftMACE", "--r_max=4.0", "--num_radial_basis=4", "--max_ell=1",
+        "--hidden_irreps=4x0e + 4x1o", "--correlation=2", "--num_interactions=2",
+        "--MLP_irreps=4x0e", "--radial_MLP=[8]", "--batch_size=10", "--max_num_epochs=1",
+        "--default_dtype=float64", "--device=cpu", "--seed=1",
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=directory, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return directory / "tiny.model"
+
+
+def test_a_model_file_of_mace_run_train_is_read_as_mace_itself_predicts(mace_run_train_model):
+    """atomtrain's model of the file (E0s, scale, shift and weights kept) gives mace-torch's
+    own calculator's energy and forces, in a process of mace's own."""
+    from atomtrain.models.mace.model import read_mace_file
+
+    model = read_mace_file(str(mace_run_train_model)).set_precision(torch.float64)
+    atoms = ase.io.read(ETHANOL, index=35)
+    result = subprocess.run(
+        [PYTHON, "-c", MACE_ENERGY_AND_FORCES, str(mace_run_train_model), str(ETHANOL), "35"],
+        capture_output=True,
+        text=True,
+        env={**environment(), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"},  # mace's own way
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    theirs = yaml.safe_load(result.stdout.strip().splitlines()[-1])
+    ours = run_model(model, [structure_from_atoms(atoms)])
+    assert float(ours["energy"][0]) == pytest.approx(theirs["energy"], abs=1e-10, rel=0)
+    np.testing.assert_allclose(ours["forces"].detach().numpy(), theirs["forces"], atol=1e-10)
+    assert model.hypers["model"]["hidden_irreps"] == "4x0e+4x1o"
+
+
+def test_fine_tuning_a_mace_run_train_model_with_metatrains_key(
+    mace_run_train_model, tmp_path, monkeypatch, capsys
+):
+    options = yaml.safe_load(METATRAIN_OPTIONS)
+    options["architecture"]["model"] = {"mace_model": str(mace_run_train_model)}
+    options["architecture"]["training"]["num_epochs"] = 1
+    (tmp_path / "ethanol_40.xyz").write_bytes(ETHANOL.read_bytes())
+    (tmp_path / "options.yaml").write_text(yaml.safe_dump(options))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "options.yaml", "-o", "model.pt"]) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    log = (run / "train.log").read_text()
+    assert f"fine-tuning the best model of {mace_run_train_model}" in log
+    assert "model: MACE, 2 interactions of 4x0e+4x1o" in log
+    # the run's record builds the model again without the file
+    assert best_model(run / "best.ckpt").hypers["facts"]["extra"]["atomic_inter_scale"] > 0
+    # a key of the section that disagrees with the file: one line naming it, exit 2
+    options["architecture"]["model"]["r_max"] = 5.0
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(options))
+    capsys.readouterr()
+    assert main(["train", "bad.yaml"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "'architecture.model.r_max' is 5.0" in error

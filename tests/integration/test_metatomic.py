@@ -18,13 +18,13 @@ import ase.build
 import ase.io
 import numpy as np
 import pytest
-from test_mace import TINY_MACE
 
 from atomtrain.cli.main import main
 from atomtrain.training.checkpoint import best_model
 
 from conftest import RESOURCES
 from helpers import run_directories, run_model, structure_from_atoms, write_options
+from test_mace import TINY_MACE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -391,3 +391,26 @@ def test_export_with_sphericart_imported_from_outside_site_packages(ethanol, tmp
     np.testing.assert_allclose(
         engine["results"][0]["forces"], reference["results"][0]["forces"], atol=1e-10, rtol=0
     )
+
+
+def test_export_collects_only_the_extensions_the_architecture_calls(mace, ethanol, tmp_path):
+    """metatomic lists every torch extension loaded in the process; a MACE model
+    exported where sphericart (or torchvision, imported by a dependency) is loaded must
+    not ask engines for it, and SOAP-BPNN's still carries sphericart."""
+    import torch
+
+    from atomtrain.models.export import export
+    from atomtrain.models.soap_bpnn.harmonics_library import import_sphericart_torch
+
+    import_sphericart_torch()
+    assert any("sphericart" in library for library in torch.ops.loaded_libraries)
+    for (_, run), name, expected in [(mace, "mace", []), (ethanol, "soap", ["sphericart"])]:
+        exported = tmp_path / name / "model.pt"
+        exported.parent.mkdir()
+        export(best_model(run / "best.ckpt"), exported)
+        collected = sorted(
+            path.relative_to(exported.parent / "extensions").parts[0]
+            for path in (exported.parent / "extensions").rglob("*.so")
+        )
+        assert sorted(set(collected)) == expected
+    assert any("sphericart" in library for library in torch.ops.loaded_libraries)  # restored

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 import torch
+
 from test_faults import environment, finish, options_in, train_command, wait_for_epochs
 
 ADDRESS_A, ADDRESS_B = "10.231.77.1", "10.231.77.2"

@@ -27,6 +27,9 @@ class DataFacts:
     average_neighbors: float | None = None
     """Mean number of neighbors per atom within the cutoff the architecture names
     (``average_neighbors_within``), when it names one."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Settings an architecture recorded beyond its section (the constructor settings
+    of a model read from another program's file)."""
 
 
 @dataclass(frozen=True)
@@ -45,16 +48,34 @@ class Architecture:
     """The exported model's references (metatomic's 'architecture' list and others)."""
     check_device: Callable[[torch.device], None] = nothing_to_do
     """Fails with one line when the model cannot run on a device (its kernels)."""
+    extensions: tuple[str, ...] = ()
+    """Names of the torch extension libraries its TorchScript code calls (e.g.
+    'sphericart'): export collects these beside the model, and no other library the
+    process happens to have loaded (torchvision, imported by a dependency, say)."""
     load_extensions: Callable[[], None] = nothing_to_do
     """Loads the torch extensions its TorchScript code calls, before export (so that
     metatomic collects them) and before loading an exported model."""
     script: Callable[[torch.nn.Module], torch.jit.ScriptModule] = torch.jit.script
     """How its model becomes TorchScript for export."""
+    scale_from_forces: bool = False
+    """The target scale (what the model's atomic outputs are multiplied by) is the RMS of
+    the training forces' components, where forces are known (mace_run_train's default),
+    instead of the per-atom spread of the energies about the baseline."""
     average_neighbors_within: Callable[[BaseModel], float | None] = nothing_to_do
     """The cutoff within which the model needs the training set's mean neighbor count
     (DataFacts.average_neighbors), or None when it needs none."""
+    start_file_key: str | None = None
+    """The key of its section that names a file of the architecture's own program to
+    start from (MACE's ``mace_model``), trained on as a fine-tuning run is."""
+    read_file: Callable[[str], EnergyModel] | None = None
+    """Reads such a file (e.g. a ``.model`` written by mace_run_train) as a model whose
+    ``hypers`` build it again."""
     upgrade_hypers: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda h: h)
     """The record of an older atomtrain version in today's form."""
+
+    def start_file(self, section: BaseModel) -> str | None:
+        """The file the section says to start from, if any."""
+        return getattr(section, self.start_file_key) if self.start_file_key else None
 
     def options_from(self, hypers: dict[str, Any]) -> BaseModel:
         """The model section a hyperparameter record holds."""

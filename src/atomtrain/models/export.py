@@ -83,7 +83,8 @@ def atomistic_model(model: EnergyModel):
 def export(model: EnergyModel, path: str | Path) -> None:
     """Write ``model`` as a metatomic model to ``path``, atomically, with the torch
     extensions it needs collected in ``extensions/`` beside it."""
-    registry.architecture_of(model.hypers).load_extensions()  # collected beside the model
+    architecture = registry.architecture_of(model.hypers)
+    architecture.load_extensions()  # collected beside the model
 
     path = Path(path)
     with warnings.catch_warnings():
@@ -92,7 +93,7 @@ def export(model: EnergyModel, path: str | Path) -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", "The TorchScript type system", UserWarning)
         exported = atomistic_model(model)
-        with import_roots_as_site_packages():
+        with import_roots_as_site_packages(), only_extensions(architecture.extensions):
             atomic_save_with_directory(
                 path,
                 lambda file, extensions: exported.save(
@@ -125,6 +126,21 @@ def import_roots_as_site_packages() -> Iterator[None]:
         yield
     finally:
         site.getsitepackages = original
+
+
+@contextlib.contextmanager
+def only_extensions(names: tuple[str, ...]) -> Iterator[None]:
+    """metatomic records every torch extension loaded in the process as one the model
+    needs, and an engine then warns that it cannot load them: for the time of the
+    export, the loaded libraries are those whose file names one of ``names``."""
+    loaded = torch.ops.loaded_libraries
+    torch.ops.loaded_libraries = {
+        library for library in loaded if any(name in Path(library).name for name in names)
+    }
+    try:
+        yield
+    finally:
+        torch.ops.loaded_libraries = loaded
 
 
 def deepest_folder_holding(path: str, folders: list[str]) -> str | None:

@@ -12,6 +12,7 @@ import torch
 from ..data.sampler import shard
 from ..data.system import Structure
 from ..distributed import Context
+from ..models import registry
 from ..models.composition import (
     composition_counts,
     determined_directions,
@@ -45,6 +46,16 @@ def local_compositions(
     return composition_counts(numbers, system_index, len(local), atomic_types), energies
 
 
+def force_spread(structures: list[Structure], context: Context) -> torch.Tensor:
+    """(sum of squared force components, their count) over every rank's shard."""
+    spread = torch.zeros(2, dtype=torch.float64)
+    for index in shard(list(range(len(structures))), context.rank, context.world_size):
+        forces = structures[index].forces
+        if forces is not None:
+            spread += torch.stack([(forces.double() ** 2).sum(), torch.tensor(forces.numel())])
+    return context.all_reduce_sum(spread)
+
+
 def fit_baseline(
     model: EnergyModel, training: list[Structure], options: Options, context: Context
 ) -> None:
@@ -67,17 +78,22 @@ def fit_baseline(
             packed[n_free * n_free : n_free * (n_free + 1)],
         )
     span = determined_directions(packed[n_free * (n_free + 1) :].reshape(n_types, n_types))
-    scale = 1.0
+    scale, measured = 1.0, "eV"
     if options.architecture.training.scale_targets:
-        remainder = energies - counts @ baseline
-        spread = torch.stack([(remainder**2).sum(), counts.sum()])
-        spread = context.all_reduce_sum(spread)
+        architecture = registry.architecture(options.architecture.name)
+        spread = torch.zeros(2, dtype=torch.float64)
+        if architecture.scale_from_forces:
+            spread = force_spread(training, context)
+            measured = "eV/A, the RMS of the force components"
+        if spread[1] == 0:  # energies: the per-atom spread of what the baseline leaves
+            remainder = energies - counts @ baseline
+            spread = context.all_reduce_sum(torch.stack([(remainder**2).sum(), counts.sum()]))
         if spread[0] > 0:
             scale = math.sqrt(float(spread[0] / spread[1]))
     model.set_baseline(baseline, scale)
     model.baseline_span = span.tolist()
     listing = ", ".join(f"Z={z}: {e:.6f} eV" for z, e in zip(types, baseline.tolist()))
-    logger.info(f"per-element energy baseline: {listing}; target scale {scale:.6g} eV")
+    logger.info(f"per-element energy baseline: {listing}; target scale {scale:.6g} {measured}")
     fixed_count = n_types - n_free
     if span.shape[0] < n_types and span.shape[0] + fixed_count < n_types:
         logger.info(

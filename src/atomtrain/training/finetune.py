@@ -14,13 +14,18 @@ from ..models.energy_model import EnergyModel
 from ..models.export import BASELINE_SPAN_FILE, HYPERS_FILE, load_exported
 from ..options import FINETUNE_LEARNING_RATE, Options
 from .checkpoint import best_model
+from .setup import starting_point
 
 
-def pretrained_model(path: str) -> EnergyModel:
-    """The model to fine-tune: a checkpoint's best model (.ckpt), or an exported model
-    with the hyperparameters that export stores beside its code."""
+def pretrained_model(path: str, architecture_name: str) -> EnergyModel:
+    """The model to fine-tune: a checkpoint's best model (.ckpt), a file of the
+    architecture's own program (mace_run_train's .model), or an exported model with the
+    hyperparameters that export stores beside its code."""
     if Path(path).suffix == ".ckpt":
         return best_model(path)
+    architecture = registry.architecture(architecture_name)
+    if architecture.read_file is not None and Path(path).suffix == ".model":
+        return architecture.read_file(path)
     extra = {HYPERS_FILE: "", BASELINE_SPAN_FILE: ""}
     exported = load_exported(path, extra=extra)
     if not extra[HYPERS_FILE]:
@@ -64,15 +69,23 @@ def adopt_pretrained(options: Options, source: str) -> EnergyModel | None:
     describe it (model section, atomic_types), so that the run's record builds it again.
     Keys the options file set to other values than the checkpoint's are refused."""
     finetune = options.architecture.training.finetune
-    if finetune is None:
-        return None
-    model = pretrained_model(finetune.read_from)
-    hypers = model.hypers
     architecture = options.architecture
+    start_file = registry.architecture(architecture.name).start_file(architecture.model)
+    if finetune is not None and start_file is not None:
+        key = registry.architecture(architecture.name).start_file_key
+        raise OptionsError(
+            f"{source}: both 'architecture.training.finetune' and 'architecture.model.{key}' "
+            "name a model to start from; keep one"
+        )
+    read_from = starting_point(options)
+    if read_from is None:
+        return None
+    model = pretrained_model(read_from, architecture.name)
+    hypers = model.hypers
     if hypers["architecture"] != architecture.name:
         raise OptionsError(
             f"{source}: 'architecture.name' is {architecture.name}, but the model "
-            f"fine-tuned from {finetune.read_from} is {hypers['architecture']}; set "
+            f"fine-tuned from {read_from} is {hypers['architecture']}; set "
             f"architecture.name: {hypers['architecture']}"
         )
     pretrained = registry.architecture(architecture.name).options_from(hypers)
@@ -91,7 +104,7 @@ def adopt_pretrained(options: Options, source: str) -> EnergyModel | None:
         key, value, theirs = conflicts[0]
         raise OptionsError(
             f"{source}: '{key}' is {value}, but the model fine-tuned from "
-            f"{finetune.read_from} has {theirs}; remove the key (fine-tuning keeps the "
+            f"{read_from} has {theirs}; remove the key (fine-tuning keeps the "
             "model's architecture and energy baseline)"
         )
     architecture.model = pretrained

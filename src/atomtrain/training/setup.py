@@ -69,7 +69,7 @@ def data_facts(options: Options, training: list[Structure], context: Context) ->
             # a half list: each pair is a neighbor of both its atoms
             sums[0] += 2 * neighbor_list(training[index], cutoff).n_pairs
             sums[1] += training[index].n_atoms
-        pairs, atoms = context.all_reduce_sum(sums.to(context.device)).tolist()
+        pairs, atoms = context.all_reduce_sum(sums).tolist()
         facts.average_neighbors = pairs / max(atoms, 1.0)
         logger.info(f"{facts.average_neighbors:.3f} neighbors per atom within {cutoff:g} A")
     return facts
@@ -119,6 +119,15 @@ def labelled_files(
     return [(label, structures) for label, (_, structures) in zip(labels, files) if structures]
 
 
+def starting_point(options: Options) -> str | None:
+    """The model file a run starts from: training.finetune's, or a file of the
+    architecture's own program its section names (MACE's mace_model)."""
+    finetune = options.architecture.training.finetune
+    if finetune is not None:
+        return finetune.read_from
+    return registry.architecture(options.architecture.name).start_file(options.architecture.model)
+
+
 def fresh_seed() -> int:
     """The seed of a run whose options give none (rank 0's, shared with the others)."""
     return random.SystemRandom().randrange(2**31)
@@ -160,9 +169,8 @@ def prepare(
     elif pretrained is not None:
         model = pretrained.set_precision(dtype)
         training_options = options.architecture.training
-        assert training_options.finetune is not None
         logger.info(
-            f"fine-tuning the best model of {training_options.finetune.read_from} (all "
+            f"fine-tuning the best model of {starting_point(options)} (all "
             f"parameters) at learning rate {training_options.learning_rate:g} (fine-tuning's "
             f"default when unset: {FINETUNE_LEARNING_RATE:g}); its per-element energy "
             "baseline and target scale are kept"
@@ -171,9 +179,6 @@ def prepare(
     else:
         model = build_model(options, data_facts(options, training, context)).set_precision(dtype)
         fit_baseline(model, training, options, context)
-    finetune = options.architecture.training.finetune
-    model.trained_on = describe_training(
-        datasets, finetune.read_from if finetune is not None else None
-    )
+    model.trained_on = describe_training(datasets, starting_point(options))
     plan = batch_plan(training, options.architecture.training, seed, context)
     return Prepared(datasets, model, plan)

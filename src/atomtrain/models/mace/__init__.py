@@ -34,7 +34,13 @@ def build(options: ModelOptions, facts: DataFacts) -> MaceModel:
 
     average = options.avg_num_neighbors or facts.average_neighbors
     assert average is not None, "the trainer computes average_neighbors when asked"
-    return MaceModel(facts.atomic_types, options, average)
+    return MaceModel(facts.atomic_types, options, average, facts.extra)
+
+
+def read_file(path: str) -> MaceModel:
+    from .model import read_mace_file
+
+    return read_mace_file(path)
 
 
 def script(model: torch.nn.Module) -> torch.jit.ScriptModule:
@@ -57,4 +63,7 @@ ARCHITECTURE = Architecture(
     references=REFERENCES,
     script=script,
     average_neighbors_within=average_neighbors_within,
+    scale_from_forces=True,
+    start_file_key="mace_model",
+    read_file=read_file,
 )

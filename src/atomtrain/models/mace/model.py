@@ -5,11 +5,14 @@ zero, its scale one and shift zero, for a model built here)."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from ...errors import AtomtrainError
 from ..energy_model import EnergyModel
+from ..export import first_line
 from . import ARCHITECTURE_NAME
 from .library import import_mace
 from .options import ModelOptions
@@ -17,13 +20,14 @@ from .options import ModelOptions
 mace_modules, o3, jit = import_mace()
 
 
-def new_mace(options: ModelOptions, atomic_types: list[int], average_neighbors: float):
-    """mace-torch's ScaleShiftMACE with the section's hyperparameters, in float64."""
+def new_mace(options: ModelOptions, atomic_types: list[int], average_neighbors: float, extra: dict):
+    """mace-torch's ScaleShiftMACE with the section's hyperparameters and the
+    constructor settings in ``extra`` (those of a model read from a file), in float64."""
     interactions = mace_modules.interaction_classes
     edge_irreps = o3.Irreps(options.edge_irreps) if options.edge_irreps is not None else None
+    settings = {"atomic_inter_scale": 1.0, "atomic_inter_shift": 0.0, **extra}
     return ScaleShiftMACE(
-        atomic_inter_scale=1.0,
-        atomic_inter_shift=0.0,
+        **settings,
         r_max=options.r_max,
         num_bessel=options.num_radial_basis,
         num_polynomial_cutoff=options.num_cutoff_basis,
@@ -35,7 +39,7 @@ def new_mace(options: ModelOptions, atomic_types: list[int], average_neighbors: 
         hidden_irreps=o3.Irreps(options.hidden_irreps),
         edge_irreps=edge_irreps,
         MLP_irreps=o3.Irreps(options.MLP_irreps),
-        atomic_energies=np.zeros(len(atomic_types)),
+        atomic_energies=np.zeros((1, len(atomic_types))),  # one head, as mace_run_train saves
         avg_num_neighbors=average_neighbors,
         atomic_numbers=atomic_types,
         correlation=options.correlation,
@@ -58,12 +62,19 @@ ScaleShiftMACE = mace_modules.ScaleShiftMACE
 class MaceModel(EnergyModel):
     """Atomic energy: MACE's node energy of the atom's environment within r_max."""
 
-    def __init__(self, atomic_types: list[int], options: ModelOptions, average_neighbors: float):
+    def __init__(
+        self,
+        atomic_types: list[int],
+        options: ModelOptions,
+        average_neighbors: float,
+        extra: dict | None = None,
+    ):
+        extra = extra or {}
         hypers = {
             "architecture": ARCHITECTURE_NAME,
             "atomic_types": list(atomic_types),
             "model": options.model_dump(mode="json"),
-            "facts": {"average_neighbors": float(average_neighbors)},
+            "facts": {"average_neighbors": float(average_neighbors), "extra": extra},
         }
         super().__init__(hypers, options.r_max)
         self.n_types = len(self.atomic_types)
@@ -71,7 +82,8 @@ class MaceModel(EnergyModel):
             # e3nn scripts parts of itself while built, and TorchScript warns about
             # annotations in e3nn's code, which no user can act on
             warnings.filterwarnings("ignore", "The TorchScript type system", UserWarning)
-            self.mace = new_mace(options, self.atomic_types, float(average_neighbors))
+            self.mace = new_mace(options, self.atomic_types, float(average_neighbors), extra)
+        # a model read from a file keeps its E0s inside MACE; the baseline stays zero
 
     def set_precision(self, dtype: torch.dtype) -> MaceModel:
         self.mace.to(dtype)
@@ -122,3 +134,83 @@ class MaceModel(EnergyModel):
     def baseline_dtype(self) -> torch.dtype:
         """The dtype MACE's parameters are in."""
         return self.mace.atomic_energies_fn.atomic_energies.dtype
+
+
+def read_mace_file(path: str) -> MaceModel:
+    """A ScaleShiftMACE saved by mace-torch's tools (mace_run_train's ``.model``), as
+    an atomtrain model: the section and constructor settings read off the module (with
+    mace-torch's own extract_config_mace_model), its weights, E0s, scale and shift kept.
+
+    MACE's files are pickled Python objects: loading one runs code from it, as
+    mace-torch's own tools do, so read only files you trust."""
+    from mace.tools.scripts_utils import extract_config_mace_model
+
+    if not Path(path).is_file():
+        raise AtomtrainError(f"{path}: MACE model file not found (architecture.model.mace_model)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loaded = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:
+        raise AtomtrainError(
+            f"{path}: not a MACE model file ({first_line(error)}); give a .model file "
+            "written by mace_run_train"
+        ) from error
+    if not isinstance(loaded, ScaleShiftMACE):
+        raise AtomtrainError(
+            f"{path}: a {type(loaded).__name__}, not a ScaleShiftMACE; give a .model file "
+            "written by mace_run_train (--model ScaleShiftMACE, its default)"
+        )
+    heads = list(getattr(loaded, "heads", ["Default"]))
+    if len(heads) > 1:
+        raise AtomtrainError(
+            f"{path}: a MACE model of {len(heads)} heads ({', '.join(heads)}); multi-head "
+            "models are not supported yet (mace_head_name): use a single-head model"
+        )
+    config = extract_config_mace_model(loaded)
+    atomic_types = [int(z) for z in config["atomic_numbers"]]
+    if atomic_types != sorted(atomic_types):
+        raise AtomtrainError(f"{path}: its elements {atomic_types} are not in increasing order")
+    gate = config["gate"]
+    section = ModelOptions.model_validate(
+        {
+            "mace_model": str(path),
+            "r_max": float(config["r_max"]),
+            "num_radial_basis": int(config["num_bessel"]),
+            "num_cutoff_basis": int(config["num_polynomial_cutoff"]),
+            "max_ell": int(config["max_ell"]),
+            "interaction": config["interaction_cls"].__name__,
+            "interaction_first": config["interaction_cls_first"].__name__,
+            "num_interactions": int(config["num_interactions"]),
+            "hidden_irreps": str(config["hidden_irreps"]),
+            "edge_irreps": str(config["edge_irreps"]) if config["edge_irreps"] else None,
+            "MLP_irreps": str(config["MLP_irreps"]),
+            "gate": gate.__name__ if gate is not None else None,
+            "correlation": int(np.max(config["correlation"])),
+            "radial_type": config["radial_type"],
+            "apply_cutoff": bool(config["apply_cutoff"]),
+            "radial_MLP": [int(width) for width in config["radial_MLP"]],
+            "pair_repulsion": bool(config["pair_repulsion"]),
+            "distance_transform": config["distance_transform"],
+            "use_embedding_readout": bool(config["use_embedding_readout"]),
+            "use_last_readout_only": bool(config["use_last_readout_only"]),
+            "use_agnostic_product": bool(config["use_agnostic_product"]),
+        }
+    )
+    extra = {
+        "use_reduced_cg": bool(config["use_reduced_cg"]),
+        "use_so3": bool(config["use_so3"]),
+        "use_edge_irreps_first": bool(config["use_edge_irreps_first"]),
+        "atomic_inter_scale": float(np.asarray(config["atomic_inter_scale"]).reshape(-1)[0]),
+        "atomic_inter_shift": float(np.asarray(config["atomic_inter_shift"]).reshape(-1)[0]),
+    }
+    average = float(config["avg_num_neighbors"])
+    model = MaceModel(atomic_types, section, average, extra)
+    try:
+        model.mace.load_state_dict(loaded.state_dict())
+    except RuntimeError as error:
+        raise AtomtrainError(
+            f"{path}: this MACE model's weights do not fit the model its settings describe "
+            f"({first_line(error)}); it was written by a mace-torch other than 0.3.16?"
+        ) from error
+    return model.set_precision(next(loaded.parameters()).dtype)

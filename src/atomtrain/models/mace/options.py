@@ -25,11 +25,14 @@ IRREPS = re.compile(r"^\s*\d+x\d+[eo](\s*\+\s*\d+x\d+[eo])*\s*$")
 
 class ModelOptions(Strict):
     mace_model: str | None = None
-    """metatrain's path to a MACE model file (``.model``, written by mace_run_train) to
-    start from: not implemented yet, accepted when unset (fine-tune from an atomtrain
-    checkpoint or model.pt instead)."""
+    """A MACE model file to start from (``.model``, written by mace_run_train, e.g. a
+    foundation model): training fine-tunes it, with its E0s, scale and shift, and the
+    other keys of this section are read from it (set ones must agree). Relative paths
+    are relative to the options file. The file is a pickled Python object: read only
+    files you trust."""
     mace_head_name: str | None = None
-    """metatrain's head of a multi-head MACE model file; used with mace_model only."""
+    """metatrain's head of a multi-head MACE model file: multi-head models are not
+    supported yet, accepted when unset."""
     mace_head_target: str = "energy"
     """metatrain's target of the MACE head; atomtrain learns energies only."""
     r_max: Annotated[float, Field(gt=0)] = 5.0
@@ -79,8 +82,7 @@ class ModelOptions(Strict):
 
     _lacking = default_only(
         {
-            "mace_model": "starting from a MACE model file is not implemented",
-            "mace_head_name": "MACE model files (and their heads) are not read",
+            "mace_head_name": "multi-head MACE models are not supported",
             "mace_head_target": "only the energy target is learned",
         }
     )

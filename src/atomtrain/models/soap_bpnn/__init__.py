@@ -63,6 +63,7 @@ ARCHITECTURE = Architecture(
     build=build,
     references=REFERENCES,
     check_device=check_harmonics_on,
+    extensions=("sphericart",),
     load_extensions=import_sphericart_torch,
     upgrade_hypers=upgrade_hypers,
 )
