@@ -128,7 +128,17 @@ class TrainingOptions(Strict):
     where 1e-3 made it worse (docs/performance.md, "Fine-tuning")."""
     warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.01
     """Fraction of all steps over which the learning rate rises linearly from zero;
-    afterwards it decays to zero along a cosine."""
+    afterwards it follows lr_scheduler."""
+    lr_scheduler: Literal["cosine", "constant"] = "cosine"
+    """The learning rate after the warmup: "cosine", a cosine decay to zero at the last
+    step; "constant", learning_rate throughout (what mace_run_train's default
+    ReduceLROnPlateau amounts to over a short run: on ethanol MACE it gave 13 and 33
+    meV/atom where the cosine gave 75 and 64 after 6 epochs, docs/performance.md)."""
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    """L2 penalty on the parameters, added by Adam to their gradients (metatrain's MACE
+    key; mace_run_train's default is 5e-7)."""
+    amsgrad: bool = False
+    """Adam's AMSGrad variant (metatrain's MACE key; mace_run_train's default is true)."""
     log_interval: Annotated[int, Field(ge=1)] = 1
     """Validate and log every this many epochs (and at the last one)."""
     checkpoint_interval: Annotated[int, Field(ge=1)] = 25

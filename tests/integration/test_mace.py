@@ -213,6 +213,9 @@ architecture:
     log_interval: 1
     checkpoint_interval: 100
     learning_rate: 0.01
+    lr_scheduler: constant
+    amsgrad: true
+    weight_decay: 5.0e-7
 training_set:
   systems:
     read_from: ethanol_40.xyz
@@ -234,6 +237,11 @@ def test_a_metatrain_experimental_mace_options_file_trains(tmp_path, monkeypatch
     (run,) = run_directories(tmp_path / "outputs")
     assert "model: MACE, 1 interactions of 4x0e + 4x1o" in (run / "train.log").read_text()
     assert yaml.safe_load((run / "options.yaml").read_text())["architecture"]["name"] == "mace"
+    # metatrain's MACE training keys reach the optimizer and the schedule
+    state = torch.load(run / "last.ckpt", weights_only=True)
+    (group,) = state["optimizer_state"]["param_groups"]
+    assert group["amsgrad"] is True and group["weight_decay"] == 5e-7
+    assert group["lr"] == pytest.approx(0.01)  # constant: the last step's rate is the peak
     # the ASE calculator and eval on the exported model give the checkpoint's predictions
     atoms = ase.io.read(ETHANOL, index=5)
     expected = run_model(best_model(run / "best.ckpt"), [structure_from_atoms(atoms)])

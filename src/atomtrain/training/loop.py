@@ -105,13 +105,18 @@ class Trainer:
         context.broadcast_parameters(self.model)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(
-            self.parameters, lr=self.training_options.learning_rate, fused=True
+            self.parameters,
+            lr=self.training_options.learning_rate,
+            weight_decay=self.training_options.weight_decay,
+            amsgrad=self.training_options.amsgrad,
+            fused=True,
         )
         self.steps_per_epoch = self.plan.steps_per_epoch
         self.scheduler = make_scheduler(
             self.optimizer,
             self.training_options.num_epochs * self.steps_per_epoch,
             self.training_options.warmup_fraction,
+            self.training_options.lr_scheduler,
         )
         self.start_epoch = 0
         self.start_step = 0
