@@ -55,7 +55,8 @@ def options(architecture: str, train: Path, test: Path, stress: bool) -> dict:
     example = "mace" if architecture == "mace" else "ethanol"
     chosen = yaml.safe_load((ROOT / f"examples/{example}/options.yaml").read_text())
     chosen["architecture"]["training"].update(
-        {"num_epochs": 100000, "log_interval": 1, "lr_scheduler": "constant"}
+        # no warmup: a fraction of 100000 epochs would be most of the budget
+        {"num_epochs": 100000, "log_interval": 1, "lr_scheduler": "constant", "warmup_fraction": 0}
     )
     energy = {"key": "energy", "unit": "eV", "forces": True}
     if stress:
@@ -78,20 +79,23 @@ def curve(log: str, start: datetime) -> list[tuple[float, float]]:
 
 
 def train_for(seconds: float, options_path: Path, directory: Path, threads: int) -> str:
+    """Train for ``seconds`` of wall time; the console output. It goes to a file: a
+    pipe read only at the end fills up and stalls the run."""
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     command = [sys.executable, "-m", "atomtrain", "train", str(options_path)]
     command += ["--outputs", str(directory / "outputs")]
-    process = subprocess.Popen(
-        command, cwd=directory, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + seconds
-    while process.poll() is None and time.monotonic() < deadline:
-        time.sleep(1)
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate()
-    return output
+    console = directory / "console.txt"
+    with console.open("w") as stream:
+        process = subprocess.Popen(
+            command, cwd=directory, env=environment, stdout=stream, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + seconds
+        while process.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        process.wait()
+    return console.read_text()
 
 
 def main() -> None:
