@@ -479,6 +479,8 @@ def _describe(
     location = tuple(part for part in error["loc"] if not (isinstance(part, str) and "[" in part))
     if location[:1] == ("architecture",) and len(location) > 1 and location[1] in SECTIONS:
         location = location[:1] + location[2:]  # the tag of the architecture's section
+    if error["type"] == "union_tag_invalid":  # the section's name picked no architecture
+        location = (*location, "name")
     if (
         len(location) > 1
         and isinstance(location[1], int)
@@ -518,7 +520,7 @@ def _describe(
     if error["type"] == "union_tag_invalid":
         section = data.get("architecture")
         name = section.get("name") if isinstance(section, dict) else section
-        return f"{source}: invalid value for '{shown}.name': {unknown_architecture(name)}"
+        return f"{source}: invalid value for '{shown}': {unknown_architecture(name)}"
     if error["type"] == "missing":
         return f"{source}: missing required key '{shown}'"
     message = error["msg"].removeprefix("Value error, ")

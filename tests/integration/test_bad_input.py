@@ -137,7 +137,14 @@ def test_cutoff_must_be_positive(tmp_path, capsys):
 
 def test_unknown_architecture_lists_known_ones(tmp_path, capsys):
     code, error = train_with(tmp_path, capsys, architecture__name="pet")
-    assert_one_line(code, error, "unknown architecture 'pet'", "soap_bpnn")
+    assert_one_line(code, error, "'architecture.name'", "unknown architecture 'pet'", "mace")
+
+
+def test_mace_irreps_in_e3nns_notation(tmp_path, capsys):
+    code, error = train_with(
+        tmp_path, capsys, architecture__name="mace", architecture__model={"hidden_irreps": "16"}
+    )
+    assert_one_line(code, error, "'architecture.model.hidden_irreps'", "32x0e + 32x1o")
 
 
 def test_restart_auto_without_earlier_run(tmp_path, capsys):
