@@ -5,6 +5,8 @@ atomtrain's checkpoint loads. Tiny hyperparameters keep it fast."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from atomtrain.models.architecture import DataFacts
 from atomtrain.options import parse_options
 from atomtrain.training.baseline import fit_baseline
 from atomtrain.training.checkpoint import best_model, load_checkpoint
+from atomtrain.training.outputs import LOGGER_NAME
 
 from conftest import RESOURCES
 from helpers import (
@@ -285,6 +288,24 @@ def test_mace_leaves_checkpoint_loading_strict(tmp_path):
         load_checkpoint(path)
 
 
+def fit_baseline_saying(model, structures, options, context) -> list[str]:
+    """fit_baseline, and what it logged. A handler of its own: an earlier run in this
+    process may have kept the logger's records from reaching pytest's."""
+    said: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger(LOGGER_NAME)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        fit_baseline(model, structures, options, context)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return said
+
+
 def test_mace_scales_its_outputs_by_the_rms_of_the_training_forces():
     """As mace_run_train does by default; SOAP-BPNN keeps the energies' spread."""
     structures = read(ETHANOL)[:10]
@@ -295,6 +316,15 @@ def test_mace_scales_its_outputs_by_the_rms_of_the_training_forces():
         fit_baseline(model, structures, options, context)
         rms = float(forces.double().pow(2).mean().sqrt())
         assert (float(model.scale) == pytest.approx(rms, rel=1e-12)) == (name == "mace")
+    # without forces, MACE too takes the energies' spread, and says so
+    energies_only = [dataclasses.replace(structure, forces=None) for structure in structures]
+    scales = {}
+    for name, model in [("mace", tiny_mace([1, 6, 8])), ("soap_bpnn", small_model([1, 6, 8]))]:
+        options = parse_options({"training_set": str(ETHANOL), "architecture": {"name": name}})
+        said = fit_baseline_saying(model, energies_only, options, context)
+        scales[name] = float(model.scale)
+        assert any(line.endswith(f"target scale {scales[name]:.6g} eV") for line in said)
+    assert scales["mace"] == pytest.approx(scales["soap_bpnn"], rel=1e-12)
 
 
 MACE_ENERGY_AND_FORCES = """

@@ -84,8 +84,9 @@ def fit_baseline(
         spread = torch.zeros(2, dtype=torch.float64)
         if architecture.scale_from_forces:
             spread = force_spread(training, context)
+        if spread[1] > 0:
             measured = "eV/A, the RMS of the force components"
-        if spread[1] == 0:  # energies: the per-atom spread of what the baseline leaves
+        else:  # energies: the per-atom spread of what the baseline leaves
             remainder = energies - counts @ baseline
             spread = context.all_reduce_sum(torch.stack([(remainder**2).sum(), counts.sum()]))
         if spread[0] > 0:
