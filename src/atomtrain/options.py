@@ -246,9 +246,8 @@ class ArchitectureCommon(Strict):
 
     @field_validator("name")
     @classmethod
-    def _known_architecture(cls, value: str) -> str:
-        if registry.canonical_name(value) not in registry.known():
-            raise ValueError(unknown_architecture(value))
+    def _canonical_name(cls, value: str) -> str:
+        # an unknown name never gets here: the union's tag picks no section for it
         return registry.canonical_name(value)
 
 
@@ -261,7 +260,7 @@ def architecture_section(name: str) -> type[ArchitectureCommon]:
     ``model`` section (the registry's)."""
     section = registry.model_options(name)
     return create_model(
-        f"{section.__module__.split('.')[-2]}_architecture",
+        f"{name}_architecture",
         __base__=ArchitectureCommon,
         model=(
             section,
@@ -276,13 +275,10 @@ def _architecture_name(value: Any) -> str:
 
 
 SECTIONS = {name: architecture_section(name) for name in registry.known()}
-if len(SECTIONS) > 1:
-    ArchitectureOptions: Any = Annotated[
-        Union[tuple(Annotated[section, Tag(name)] for name, section in SECTIONS.items())],
-        Discriminator(_architecture_name),
-    ]
-else:
-    (ArchitectureOptions,) = SECTIONS.values()
+ArchitectureOptions: Any = Annotated[
+    Union[tuple(Annotated[section, Tag(name)] for name, section in SECTIONS.items())],
+    Discriminator(_architecture_name),
+]
 
 
 def _known_unit(kind: str) -> AfterValidator:
@@ -554,11 +550,10 @@ def _resolve_paths(options: Options, base: Path) -> Options:
     finetune = options.architecture.training.finetune
     if finetune is not None:
         finetune.read_from = _resolved(finetune.read_from, base)
-    section = options.architecture.model
-    start_file = registry.architecture(options.architecture.name).start_file(section)
-    if start_file is not None:
-        key = registry.architecture(options.architecture.name).start_file_key
-        setattr(section, key, _resolved(start_file, base))
+    key = registry.architecture(options.architecture.name).start_file_key
+    if key is not None and getattr(options.architecture.model, key) is not None:
+        start_file = getattr(options.architecture.model, key)
+        setattr(options.architecture.model, key, _resolved(start_file, base))
     for section in (options.training_set, options.validation_set, options.test_set):
         for dataset in section if isinstance(section, list) else []:
             dataset.systems.read_from = _resolved(dataset.systems.read_from, base)

@@ -93,7 +93,7 @@ def export(model: EnergyModel, path: str | Path) -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", "The TorchScript type system", UserWarning)
         exported = atomistic_model(model)
-        with import_roots_as_site_packages(), only_extensions(architecture.extensions):
+        with only_extensions(architecture.extensions), import_roots_as_site_packages():
             atomic_save_with_directory(
                 path,
                 lambda file, extensions: exported.save(

@@ -18,6 +18,7 @@ from .library import import_mace
 from .options import ModelOptions
 
 mace_modules, o3, jit = import_mace()
+ScaleShiftMACE = mace_modules.ScaleShiftMACE
 
 
 def new_mace(options: ModelOptions, atomic_types: list[int], average_neighbors: float, extra: dict):
@@ -53,9 +54,6 @@ def new_mace(options: ModelOptions, atomic_types: list[int], average_neighbors: 
         use_last_readout_only=options.use_last_readout_only,
         use_agnostic_product=options.use_agnostic_product,
     ).to(torch.float64)
-
-
-ScaleShiftMACE = mace_modules.ScaleShiftMACE
 
 
 @jit.compile_mode("script")
@@ -109,7 +107,7 @@ class MaceModel(EnergyModel):
         # MACE takes each edge's vector as positions[receiver] - positions[sender] +
         # shifts: with all positions at zero, the shifts are the vectors themselves,
         # exactly, and the derivatives flow back to them
-        dtype = self.baseline_dtype()
+        dtype = self.mace_dtype()
         vectors = edge_vectors.to(dtype)
         if mirrored:
             vectors = torch.cat([vectors, -vectors])
@@ -131,7 +129,7 @@ class MaceModel(EnergyModel):
         assert energies is not None
         return energies
 
-    def baseline_dtype(self) -> torch.dtype:
+    def mace_dtype(self) -> torch.dtype:
         """The dtype MACE's parameters are in."""
         return self.mace.atomic_energies_fn.atomic_energies.dtype
 
