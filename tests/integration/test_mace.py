@@ -22,6 +22,7 @@ from scipy.spatial.transform import Rotation
 
 from atomtrain.ase import Calculator
 from atomtrain.cli.main import main
+from atomtrain.data import FrameSet
 from atomtrain.distributed.context import single_process
 from atomtrain.errors import AtomtrainError
 from atomtrain.models import registry
@@ -317,7 +318,9 @@ def test_mace_scales_its_outputs_by_the_rms_of_the_training_forces():
         rms = float(forces.double().pow(2).mean().sqrt())
         assert (float(model.scale) == pytest.approx(rms, rel=1e-12)) == (name == "mace")
     # without forces, MACE too takes the energies' spread, and says so
-    energies_only = [dataclasses.replace(structure, forces=None) for structure in structures]
+    energies_only = FrameSet.from_structures(
+        [dataclasses.replace(structure, forces=None) for structure in structures]
+    )
     scales = {}
     for name, model in [("mace", tiny_mace([1, 6, 8])), ("soap_bpnn", small_model([1, 6, 8]))]:
         options = parse_options({"training_set": str(ETHANOL), "architecture": {"name": name}})

@@ -7,12 +7,14 @@ import ase.build
 import pytest
 import torch
 
-from atomtrain.data import TargetKeys, collate
+from atomtrain.data import FrameSet, TargetKeys, collate
+from atomtrain.data.neighbors import compute_neighbor_list
 from atomtrain.data.sampler import shard_by_work
 from atomtrain.distributed.context import single_process
 from atomtrain.options import LossOptions, parse_options
+from atomtrain.training.batches import global_counts
 from atomtrain.training.evaluation import metric_sums, predict
-from atomtrain.training.loop import global_counts, selection_metric
+from atomtrain.training.loop import selection_metric
 from atomtrain.training.losses import GlobalCounts, batch_loss
 from atomtrain.training.metrics import SUM_NAMES, MetricSums, finalize, resumed_sums
 
@@ -140,6 +142,11 @@ def test_targets_known_for_some_structures_count_only_there():
     assert values["stress_squared"] == pytest.approx(float((stress_error[1] ** 2).sum()))
 
 
+def pairs(structure, cutoff: float) -> int:
+    positions, cell, pbc = (structure.positions, structure.cell, structure.pbc)
+    return compute_neighbor_list(positions.numpy(), cell.numpy(), pbc.numpy(), cutoff).n_pairs
+
+
 def test_ranks_gradients_add_up_to_the_whole_batch_with_targets_known_in_part():
     """Molecules with forces, molecules with energies only, silicon with stress: the
     gradients of each rank's share of the loss, summed, are the whole batch's."""
@@ -151,7 +158,8 @@ def test_ranks_gradients_add_up_to_the_whole_batch_with_targets_known_in_part():
     model = small_model([1, 6, 7, 8, 14])
     parameters = list(model.parameters())
     indices = list(range(len(structures)))
-    counts = global_counts(structures, indices)
+    counts = global_counts(FrameSet.from_structures(structures), indices)
+    work = [pairs(structure, model.cutoff) for structure in structures]
 
     def gradients(part: list[int]) -> list[torch.Tensor]:
         batch = collate([structures[index] for index in part], model.cutoff)
@@ -160,7 +168,7 @@ def test_ranks_gradients_add_up_to_the_whole_batch_with_targets_known_in_part():
         return list(torch.autograd.grad(loss, parameters))
 
     whole = gradients(indices)
-    shares = [shard_by_work(structures, indices, model.cutoff, rank, 2) for rank in range(2)]
+    shares = [shard_by_work(indices, work, rank, 2) for rank in range(2)]
     assert all(shares) and sorted(shares[0] + shares[1]) == indices
     summed = [a + b for a, b in zip(gradients(shares[0]), gradients(shares[1]))]
     for expected, actual in zip(whole, summed):

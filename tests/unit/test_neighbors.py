@@ -1,4 +1,4 @@
-"""vesin neighbor lists agree with ASE's, and are computed once per structure."""
+"""vesin neighbor lists agree with ASE's, and are kept between epochs up to a budget."""
 
 from __future__ import annotations
 
@@ -9,9 +9,15 @@ import pytest
 import torch
 from ase.neighborlist import neighbor_list as ase_neighbor_list
 
-from atomtrain.data.neighbors import neighbor_list
+from atomtrain.data import frames as frames_module
+from atomtrain.data.frames import frames_from_structures
+from atomtrain.data.neighbors import compute_neighbor_list
 
 from helpers import structure_from_atoms
+
+
+def neighbors_of(atoms, cutoff):
+    return compute_neighbor_list(atoms.positions, atoms.cell.array, atoms.pbc, cutoff)
 
 
 def pairs_from_ase(atoms, cutoff):
@@ -20,7 +26,7 @@ def pairs_from_ase(atoms, cutoff):
 
 
 def pairs_from_atomtrain(atoms, cutoff):
-    first, second, shifts = neighbor_list(structure_from_atoms(atoms), cutoff).full()
+    first, second, shifts = neighbors_of(atoms, cutoff).full()
     return sorted(zip(first.tolist(), second.tolist(), map(tuple, shifts.tolist())))
 
 
@@ -52,7 +58,7 @@ def test_neighbor_lists_agree_with_ase(name):
 
 def test_pair_vectors_have_the_right_length():
     atoms, cutoff = CASES["skewed-periodic"]
-    first, second, shifts = neighbor_list(structure_from_atoms(atoms), cutoff).full()
+    first, second, shifts = neighbors_of(atoms, cutoff).full()
     vectors = (
         atoms.positions[second.numpy()]
         - atoms.positions[first.numpy()]
@@ -62,18 +68,25 @@ def test_pair_vectors_have_the_right_length():
     assert np.all(distances < cutoff) and np.all(distances > 0)
 
 
-def test_neighbor_list_is_cached():
-    structure = structure_from_atoms(ase.build.molecule("H2O"))
-    first = neighbor_list(structure, 3.0)
-    assert neighbor_list(structure, 3.0) is first
-    assert neighbor_list(structure, 2.0) is not first
+def test_neighbor_lists_are_kept_within_the_budget_and_computed_again_beyond(monkeypatch):
+    structures = [structure_from_atoms(ase.build.molecule(name)) for name in ("H2O", "C6H6")]
+    frames = frames_from_structures("", structures)
+    first = frames.neighbors(0, 3.0)
+    assert frames.neighbors(0, 3.0) is first
+    assert frames.neighbors(0, 2.0) is not first
+    # a full budget: the list is computed again each time, and equal
+    monkeypatch.setattr(frames_module.NEIGHBOR_CACHE, "used", frames_module.NEIGHBOR_CACHE.budget)
+    benzene = frames.neighbors(1, 3.0)
+    again = frames.neighbors(1, 3.0)
+    assert again is not benzene
+    assert torch.equal(again.first, benzene.first) and torch.equal(again.second, benzene.second)
 
 
 def test_a_structure_keeps_each_pair_once_in_32_bits():
     """The cached list holds each pair once (a quarter of the full list in 64 bits); the
     full list is those pairs, then the same reversed in the same order."""
     atoms, cutoff = CASES["small-periodic"]
-    nl = neighbor_list(structure_from_atoms(atoms), cutoff)
+    nl = neighbors_of(atoms, cutoff)
     assert {nl.first.dtype, nl.second.dtype, nl.cell_shifts.dtype} == {torch.int32}
     first, second, shifts = nl.full()
     half = nl.first.shape[0]

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import random
 
-import ase.build
 import pytest
 
-from atomtrain.data.neighbors import pair_count
 from atomtrain.data.sampler import (
     BatchPlan,
     balanced_shard,
@@ -17,8 +15,6 @@ from atomtrain.data.sampler import (
     pack_once,
     shard_by_work,
 )
-
-from helpers import structure_from_atoms
 
 
 def test_epoch_order_is_a_seeded_permutation():
@@ -54,18 +50,13 @@ def test_one_rank_gets_the_batch_unchanged_and_short_batches_leave_ranks_empty()
     assert parts == [[7], [], []]
 
 
-def test_shard_by_work_deals_by_neighbor_pairs():
-    sizes = [(1, 1, 1), (2, 2, 2), (1, 1, 2), (1, 1, 1)]
-    structures = [structure_from_atoms(ase.build.bulk("Si", cubic=True) * size) for size in sizes]
+def test_shard_by_work_deals_by_work_and_one_rank_takes_all():
     indices = [3, 1, 0, 2]
-    assert shard_by_work(structures, indices, 4.0, 0, 1) == indices
-    assert not structures[0].neighbor_lists  # one rank: no pairs counted
-    parts = [shard_by_work(structures, indices, 4.0, rank, 2) for rank in range(2)]
-    pairs = [pair_count(structure, 4.0) for structure in structures]
-    assert parts == [
-        balanced_shard(indices, [pairs[index] for index in indices], rank, 2) for rank in range(2)
-    ]
-    assert parts[0] == [1]  # the 64-atom cell outweighs the three others together
+    work = [10, 64 * 40, 20, 10]  # the second structure outweighs the three others together
+    assert shard_by_work(indices, work, 0, 1) == indices
+    assert shard_by_work(indices, None, 0, 1) == indices
+    parts = [shard_by_work(indices, work, rank, 2) for rank in range(2)]
+    assert parts == [[1], [3, 0, 2]]
 
 
 def test_packing_closes_a_batch_when_the_next_structure_would_pass_the_limit():

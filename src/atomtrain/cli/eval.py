@@ -13,14 +13,14 @@ import torch
 import yaml
 
 from ..data.extxyz import read_frames
-from ..data.system import Structure
+from ..data.frames import FrameSet
 from ..errors import DataError, OptionsError
 from ..io import atomic_write
 from ..models.export import load_exported
 from ..options import DatasetOptions
 from ..runtime import BusyCores
 from ..training.checkpoint import best_model
-from ..training.datasets import elements, file_labels, read_files
+from ..training.datasets import file_labels, read_files
 from ..training.evaluation import local_batches, predict
 from ..training.metrics import MetricSums, finalize
 from ..training.outputs import LOGGER_NAME, setup_logging
@@ -78,12 +78,10 @@ def dataset_options(path: Path) -> list[DatasetOptions]:
     return options.training_set
 
 
-def check_elements(
-    model_path: Path, files: list[tuple[str, list[Structure]]], known: list[int]
-) -> None:
+def check_elements(model_path: Path, files: list[tuple[str, FrameSet]], known: list[int]) -> None:
     """Every element of the data must be one the model was trained for."""
     for path, structures in files:
-        unknown = sorted(elements(structures) - set(known))
+        unknown = sorted(structures.elements() - set(known))
         if unknown:
             raise DataError(
                 f"{path} holds atomic numbers {unknown} that the model {model_path} was not "
@@ -92,7 +90,7 @@ def check_elements(
 
 
 def write_predictions(
-    path: Path, files: list[tuple[str, list[Structure]]], predictions: list[dict]
+    path: Path, files: list[tuple[str, FrameSet]], predictions: list[dict]
 ) -> None:
     """The reference frames as they are in their files (every key kept), with the
     predictions beside them: ``predicted_energy`` (eV) and ``predicted_stress`` (eV/A^3,
@@ -111,7 +109,7 @@ def write_predictions(
     )
 
 
-def frames_of(source: str, structures: list[Structure]) -> list[ase.Atoms]:
+def frames_of(source: str, structures: FrameSet) -> list[ase.Atoms]:
     """The frames of a data file as ASE reads them; for a memmap directory, which ASE
     cannot read, the structures with their reference values (angstrom, eV)."""
     if not Path(source).is_dir():
@@ -165,10 +163,11 @@ def parity_plot(path: Path, pairs: dict[str, tuple[list[float], list[float]]]) -
 
 
 def predict_all(
-    model: torch.nn.Module, structures: list[Structure], batch_size: int, dtype: torch.dtype
+    model: torch.nn.Module, structures: FrameSet, batch_size: int, dtype: torch.dtype
 ) -> tuple[list[dict], torch.Tensor]:
     """Predictions for each structure (stress for the periodic ones), and the error sums."""
-    stress = any(structure.pbc.all() for structure in structures)
+    periodic = structures.fully_periodic()
+    stress = bool(periodic.any())
     sums = MetricSums()
     busy_cores = BusyCores.for_this_process()
     predictions: list[dict] = []
@@ -190,7 +189,7 @@ def predict_all(
                 "energy": float(predicted["energy"][position].detach()),
                 "forces": predicted["forces"][start : start + count].detach().double().numpy(),
             }
-            if structures[index].pbc.all():
+            if periodic[index]:
                 entry["stress"] = predicted["stress"][position].detach().double().numpy()
             predictions.append(entry)
     return predictions, sums.values

@@ -1,7 +1,17 @@
 """Reading structures, neighbor lists, batching, splitting and sampling."""
 
-from .batch import Batch, collate
+from .batch import Batch
 from .extxyz import TargetKeys, Units, read_structures
+from .frames import Frames, FrameSet, collate
 from .system import Structure
 
-__all__ = ["Batch", "Structure", "TargetKeys", "Units", "collate", "read_structures"]
+__all__ = [
+    "Batch",
+    "FrameSet",
+    "Frames",
+    "Structure",
+    "TargetKeys",
+    "Units",
+    "collate",
+    "read_structures",
+]

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
-
-from .neighbors import neighbor_list
-from .system import Structure
 
 
 @dataclass
@@ -47,22 +43,6 @@ class Batch:
         return Batch(**moved)
 
 
-def _with_blanks(
-    values: list[torch.Tensor | None], blank_shapes: list[tuple[int, ...]]
-) -> tuple[list[torch.Tensor] | None, torch.Tensor | None]:
-    """Each structure's target, zeros where it has none, and which have one (None when
-    all do); (None, None) when none does. Data sets of several files may give a target
-    for some structures only."""
-    known = [value is not None for value in values]
-    if not any(known):
-        return None, None
-    filled = [
-        value if value is not None else torch.zeros(shape, dtype=torch.float64)
-        for value, shape in zip(values, blank_shapes)
-    ]
-    return filled, None if all(known) else torch.tensor(known)
-
-
 def empty_batch(energy: bool, forces: bool, stress: bool) -> Batch:
     """A batch of no structure: a rank whose share of a short batch is empty still
     runs the model on it, so it takes part in the gradient reduction."""
@@ -81,47 +61,4 @@ def empty_batch(energy: bool, forces: bool, stress: bool) -> Batch:
         energy=torch.zeros(0, dtype=torch.float64) if energy else None,
         forces=real if forces else None,
         stress=torch.zeros((0, 3, 3), dtype=torch.float64) if stress else None,
-    )
-
-
-def collate(structures: Sequence[Structure], cutoff: float) -> Batch:
-    """Concatenate structures into one batch, using each one's cached neighbor list."""
-    offsets = []
-    offset = 0
-    for structure in structures:
-        offsets.append(offset)
-        offset += structure.n_atoms
-    lists = [neighbor_list(structure, cutoff) for structure in structures]
-    # the batch's full list: every structure's pairs, then all of them reversed
-    first = torch.cat([nl.first + start for nl, start in zip(lists, offsets)])
-    second = torch.cat([nl.second + start for nl, start in zip(lists, offsets)])
-    shifts = torch.cat([nl.cell_shifts for nl in lists])
-    n_atoms = torch.tensor([structure.n_atoms for structure in structures], dtype=torch.long)
-    energies = [structure.energy for structure in structures]
-    forces, forces_known = _with_blanks(
-        [structure.forces for structure in structures],
-        [(structure.n_atoms, 3) for structure in structures],
-    )
-    stress, stress_mask = _with_blanks(
-        [structure.stress for structure in structures], [(3, 3)] * len(structures)
-    )
-    return Batch(
-        positions=torch.cat([structure.positions for structure in structures]),
-        atomic_numbers=torch.cat([structure.atomic_numbers for structure in structures]),
-        system_index=torch.repeat_interleave(torch.arange(len(structures)), n_atoms),
-        cell=torch.stack([structure.cell for structure in structures]),
-        periodic=torch.tensor([structure.is_periodic for structure in structures]),
-        pair_first=torch.cat([first, second]).long(),
-        pair_second=torch.cat([second, first]).long(),
-        cell_shifts=torch.cat([shifts, -shifts]).to(torch.float64),
-        n_atoms=n_atoms,
-        energy=None
-        if any(energy is None for energy in energies)
-        else torch.tensor(energies, dtype=torch.float64),
-        forces=None if forces is None else torch.cat(forces),
-        stress=None if stress is None else torch.stack(stress),
-        forces_mask=None
-        if forces_known is None
-        else torch.repeat_interleave(forces_known, n_atoms),
-        stress_mask=stress_mask,
     )

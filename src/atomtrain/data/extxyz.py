@@ -18,6 +18,7 @@ import vesin
 
 from ..errors import DataError
 from ..units import unit_factor
+from .frames import FrameSet, frames_from_structures
 from .system import Structure
 
 logger = logging.getLogger(__name__)
@@ -252,8 +253,9 @@ class FrameReader:
 
 def read_structures(
     path: str | Path, keys: TargetKeys | None = None, units: Units | None = None
-) -> list[Structure]:
-    """Read every frame of an extended XYZ file into structures in angstrom and eV.
+) -> FrameSet:
+    """Read every frame of an extended XYZ file (or a memmap directory) in angstrom and
+    eV.
 
     Forces (stress) are read from every frame when ``keys.read_forces`` is True, when it
     is None and the first frame has them; a frame that lacks them then is an error.
@@ -271,7 +273,7 @@ def read_structures(
         reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)
     ]
     reader.report_close_pairs()
-    return structures
+    return FrameSet.whole(frames_from_structures(str(path), structures))
 
 
 def targets_wanted(first: ase.Atoms, keys: TargetKeys) -> tuple[bool, bool]:

@@ -17,12 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..errors import DataError
 from .convert import check_manifest
 from .extxyz import FrameReader, TargetKeys, Units
-from .system import Structure
+from .frames import Frames, FrameSet
 
 REQUIRED = ("ns.npy", "na.npy", "x.bin", "a.bin")
 
@@ -97,8 +96,9 @@ class MemmapDirectory:
         return self.array(name, np.uint8, shape) != 0
 
 
-def read_directory(path: Path, keys: TargetKeys, units: Units) -> list[Structure]:
-    """Every structure of a memmap directory, in angstrom and eV."""
+def read_directory(path: Path, keys: TargetKeys, units: Units) -> FrameSet:
+    """The structures of a memmap directory, memory-mapped (values in angstrom and eV
+    when read)."""
     data = MemmapDirectory(path)
     # a directory atomtrain converted, unchanged since (checksums): its frames were
     # checked on the way in
@@ -120,39 +120,69 @@ def read_directory(path: Path, keys: TargetKeys, units: Units) -> list[Structure
             f"{path}: atomtrain convert stored this directory in angstrom and eV; leave "
             "length_unit and the energy unit at angstrom and eV when reading it"
         )
-    structures = []
-    for index in range(data.count):
-        start, end = int(data.offsets[index]), int(data.offsets[index + 1])
-        positions = data.positions[start:end].astype(np.float64) * reader.length
-        cell = (
-            data.cells[index].astype(np.float64) * reader.length
-            if data.cells is not None
-            else np.zeros((3, 3))
+    count = data.count
+    cells = data.cells if data.cells is not None else np.broadcast_to(np.zeros(3), (count, 3, 3))
+    pbc = data.periodic if data.periodic is not None else np.any(cells != 0.0, axis=2)
+    known = data.known if data.known is not None else np.ones((count, 3), dtype=bool)
+    if energies is not None and not known[:, 0].all():
+        index = int(np.argmin(known[:, 0]))
+        raise reader.fail(index, f"no energy ({keys.energy}.bin marks it unknown)")
+    frames = Frames(
+        source=str(path),
+        offsets=data.offsets,
+        positions=data.positions,
+        numbers=data.numbers,
+        cells=cells,
+        pbc=pbc,
+        energy=None if energies is None else energies[:, 0],
+        forces=None if forces is None else forces[:, :, 0],
+        stress=None if stress is None else stress[:, :, :, 0],
+        energy_known=np.ones(count, dtype=bool) if energies is not None else np.zeros(count, bool),
+        forces_known=known[:, 1].copy() if forces is not None else np.zeros(count, dtype=bool),
+        stress_known=known[:, 2] & pbc.all(axis=1)
+        if stress is not None
+        else np.zeros(count, dtype=bool),
+        length=reader.length,
+        energy_unit=reader.energy,
+    )
+    if not reader.checked:
+        check_frames(frames, reader, keys)
+    return FrameSet.whole(frames)
+
+
+def check_frames(frames: Frames, reader: FrameReader, keys: TargetKeys) -> None:
+    """What a directory from another tool is checked for before training: finite values
+    (vectorised, a chunk of rows at a time) and atoms on top of each other (frame by
+    frame, no structure kept)."""
+    per_atom = [("positions (x.bin)", frames.positions)]
+    if frames.forces is not None:
+        per_atom.append((f"forces ({keys.forces}.bin)", frames.forces))
+    for name, values in per_atom:
+        row = first_non_finite(values)
+        if row is not None:
+            index = int(np.searchsorted(frames.offsets, row, side="right")) - 1
+            raise reader.fail(index, f"{name} contains NaN or infinite values")
+    per_structure = []
+    if frames.energy is not None:
+        per_structure.append((f"energy ({keys.energy}.bin)", frames.energy))
+    if frames.stress is not None:
+        per_structure.append((f"stress ({keys.stress}.bin)", frames.stress))
+    for name, values in per_structure:
+        index = first_non_finite(values)
+        if index is not None:
+            raise reader.fail(index, f"{name} contains NaN or infinite values")
+    for index in range(len(frames)):
+        reader.check_distances(
+            index, frames.positions_of(index), frames.cell_of(index), frames.pbc[index]
         )
-        pbc = data.periodic[index] if data.periodic is not None else np.any(cell != 0.0, axis=1)
-        known = data.known[index] if data.known is not None else (True, True, True)
-        reader.check_finite(index, "positions (x.bin)", positions)
-        reader.check_distances(index, positions, cell, pbc)
-        structure = Structure(
-            positions=torch.from_numpy(positions),
-            atomic_numbers=torch.from_numpy(data.numbers[start:end].astype(np.int64)),
-            cell=torch.from_numpy(cell),
-            pbc=torch.from_numpy(pbc),
-        )
-        if energies is not None and not known[0]:
-            raise reader.fail(index, f"no energy ({keys.energy}.bin marks it unknown)")
-        if energies is not None:
-            energy = energies[index].astype(np.float64)
-            reader.check_finite(index, f"energy ({keys.energy}.bin)", energy)
-            structure.energy = float(energy[0]) * reader.energy
-        if forces is not None and known[1]:
-            values = forces[start:end, :, 0].astype(np.float64)
-            reader.check_finite(index, f"forces ({keys.forces}.bin)", values)
-            structure.forces = torch.from_numpy(values * reader.energy / reader.length)
-        if stress is not None and known[2] and pbc.all():
-            values = stress[index, :, :, 0].astype(np.float64)
-            reader.check_finite(index, f"stress ({keys.stress}.bin)", values)
-            structure.stress = torch.from_numpy(values * reader.energy / reader.length**3)
-        structures.append(structure)
     reader.report_close_pairs()
-    return structures
+
+
+def first_non_finite(values: np.ndarray, rows: int = 1 << 20) -> int | None:
+    """The first row of ``values`` holding NaN or an infinity, reading a chunk at a time."""
+    for start in range(0, values.shape[0], rows):
+        chunk = np.asarray(values[start : start + rows])
+        finite = np.isfinite(chunk).reshape(chunk.shape[0], -1).all(axis=1)
+        if not finite.all():
+            return start + int(np.argmin(finite))
+    return None

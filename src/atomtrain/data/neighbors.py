@@ -1,4 +1,4 @@
-"""Neighbor lists from vesin, computed once per structure and cutoff."""
+"""Neighbor lists from vesin."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import vesin
 
-from .system import NeighborList, Structure
+from .system import NeighborList
 
 
 def compute_neighbor_list(
@@ -29,22 +29,3 @@ def compute_neighbor_list(
         second=torch.from_numpy(second.astype(np.int32)),
         cell_shifts=torch.from_numpy(shifts.astype(np.int32)),
     )
-
-
-def neighbor_list(structure: Structure, cutoff: float) -> NeighborList:
-    """The cached neighbor list of ``structure``; positions never change during training."""
-    cached = structure.neighbor_lists.get(cutoff)
-    if cached is None:
-        cached = compute_neighbor_list(
-            structure.positions.numpy(),
-            structure.cell.numpy(),
-            structure.pbc.numpy(),
-            cutoff,
-        )
-        structure.neighbor_lists[cutoff] = cached
-    return cached
-
-
-def pair_count(structure: Structure, cutoff: float) -> int:
-    """Neighbor pairs of ``structure`` (at least one), the measure of its work."""
-    return max(neighbor_list(structure, cutoff).n_pairs, 1)

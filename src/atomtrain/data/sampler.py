@@ -10,9 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .neighbors import pair_count
-from .system import Structure
-
 
 def epoch_order(n_structures: int, seed: int, epoch: int) -> list[int]:
     """The permutation of the training set used in ``epoch`` (0-based)."""
@@ -106,18 +103,13 @@ def balanced_shard(items: list[int], sizes: list[int], rank: int, world_size: in
 
 
 def shard_by_work(
-    structures: Sequence[Structure],
-    indices: list[int],
-    cutoff: float,
-    rank: int,
-    world_size: int,
+    indices: list[int], work: Sequence[int] | None, rank: int, world_size: int
 ) -> list[int]:
-    """This rank's part of ``indices`` (into ``structures``), balanced by neighbor
-    pairs, which predict a structure's share of a step's time better than atoms. With
-    one rank, ``indices`` unchanged, without counting pairs."""
-    if world_size == 1:
+    """This rank's part of ``indices``, balanced by each structure's ``work`` (indexed
+    like the set ``indices`` point into). With one rank, ``indices`` unchanged."""
+    if world_size == 1 or work is None:
         return list(indices)
-    sizes = [pair_count(structures[index], cutoff) for index in indices]
+    sizes = [int(work[index]) for index in indices]
     return balanced_shard(indices, sizes, rank, world_size)
 
 

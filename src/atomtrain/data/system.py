@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -50,7 +50,6 @@ class Structure:
     energy: float | None = None
     forces: torch.Tensor | None = None  # [n_atoms, 3]
     stress: torch.Tensor | None = None  # [3, 3]
-    neighbor_lists: dict[float, NeighborList] = field(default_factory=dict, repr=False)
 
     @property
     def n_atoms(self) -> int:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 import math
 
+import numpy as np
 import torch
 
-from ..data.sampler import shard
-from ..data.system import Structure
+from ..data.frames import FrameSet
 from ..distributed import Context
 from ..models import registry
 from ..models.composition import (
@@ -27,37 +27,48 @@ from .outputs import LOGGER_NAME
 logger = logging.getLogger(LOGGER_NAME)
 
 
+def local_share(structures: FrameSet, context: Context) -> np.ndarray:
+    """Positions of this rank's shard of ``structures`` (round-robin, as ``shard``)."""
+    return np.arange(context.rank, len(structures), context.world_size)
+
+
 def local_compositions(
-    structures: list[Structure], context: Context, atomic_types: list[int]
+    structures: FrameSet, context: Context, atomic_types: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(element counts [n, n_elements], energies [n]) of this rank's shard of
-    ``structures``, in float64."""
-    local = [
-        structures[index]
-        for index in shard(list(range(len(structures))), context.rank, context.world_size)
-    ]
-    energies = torch.tensor([s.energy for s in local], dtype=torch.float64)
-    numbers = (
-        torch.cat([s.atomic_numbers for s in local]) if local else torch.zeros(0, dtype=torch.long)
-    )
-    system_index = torch.repeat_interleave(
-        torch.arange(len(local)), torch.tensor([s.n_atoms for s in local], dtype=torch.long)
-    )
-    return composition_counts(numbers, system_index, len(local), atomic_types), energies
+    ``structures``, in float64, read a chunk at a time."""
+    counts, energies = [torch.zeros((0, len(atomic_types)), dtype=torch.float64)], []
+    for frames, indices in structures.chunks(local_share(structures, context)):
+        numbers = np.asarray(frames.numbers[frames.atoms_of(indices)], dtype=np.int64)
+        system_index = np.repeat(np.arange(len(indices)), frames.atom_counts[indices])
+        counts.append(
+            composition_counts(
+                torch.from_numpy(numbers),
+                torch.from_numpy(system_index),
+                len(indices),
+                atomic_types,
+            )
+        )
+        assert frames.energy is not None  # training data has energies
+        energies.append(np.asarray(frames.energy[indices], np.float64) * frames.energy_unit)
+    joined = np.concatenate(energies) if energies else np.zeros(0)
+    return torch.cat(counts), torch.from_numpy(joined)
 
 
-def force_spread(structures: list[Structure], context: Context) -> torch.Tensor:
+def force_spread(structures: FrameSet, context: Context) -> torch.Tensor:
     """(sum of squared force components, their count) over every rank's shard."""
     spread = torch.zeros(2, dtype=torch.float64)
-    for index in shard(list(range(len(structures))), context.rank, context.world_size):
-        forces = structures[index].forces
-        if forces is not None:
-            spread += torch.stack([(forces.double() ** 2).sum(), torch.tensor(forces.numel())])
+    for frames, indices in structures.chunks(local_share(structures, context)):
+        if frames.forces is None:
+            continue
+        rows = frames.atoms_of(indices[frames.forces_known[indices]])
+        values = np.asarray(frames.forces[rows], np.float64) * (frames.energy_unit / frames.length)
+        spread += torch.tensor([(values**2).sum(), values.size], dtype=torch.float64)
     return context.all_reduce_sum(spread)
 
 
 def fit_baseline(
-    model: EnergyModel, training: list[Structure], options: Options, context: Context
+    model: EnergyModel, training: FrameSet, options: Options, context: Context
 ) -> None:
     """Per-element energies by least squares and the target scale, from all training
     structures: each rank adds up its shard, one all-reduce, the same solve everywhere."""
@@ -107,9 +118,7 @@ def fit_baseline(
         )
 
 
-def refit_undetermined_baseline(
-    model: EnergyModel, training: list[Structure], context: Context
-) -> None:
+def refit_undetermined_baseline(model: EnergyModel, training: FrameSet, context: Context) -> None:
     """Before fine-tuning: fit the part of the baseline that the pretraining data left
     undetermined (baseline_span) to this run's data, leaving the energies of every
     composition the pretraining saw unchanged. Nothing happens when the span is unknown

@@ -1,4 +1,5 @@
-"""From the options' data sections to training, validation and test structures."""
+"""From the options' data sections to training, validation and test sets: each a
+:class:`FrameSet` over the files' arrays (a split chooses indices, it copies nothing)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.extxyz import TargetKeys, Units, read_structures
+from ..data.frames import FrameSet
 from ..data.split import split_indices
-from ..data.system import Structure
 from ..errors import DataError
 from ..options import DatasetOptions, Options
 
@@ -40,7 +41,7 @@ def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetK
     )
 
 
-def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> list[Structure]:
+def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> FrameSet:
     for holder in dataset.targets.energy.file_holders():
         elsewhere = holder.read_from
         if elsewhere not in (None, dataset.systems.read_from):
@@ -57,28 +58,20 @@ def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> list[S
 
 @dataclass
 class Datasets:
-    training: list[Structure]
-    validation: list[Structure]
-    test: list[Structure]
+    training: FrameSet
+    validation: FrameSet
+    test: FrameSet
     # indices into each training file, for the record: {part: indices} for one file,
     # [{file, part: indices}] for several
     split: dict[str, list[int]] | list[dict]
     # each part's structures file by file ("training", "validation", "test"), for
     # metrics per file
-    files: dict[str, list[tuple[str, list[Structure]]]]
-
-
-def elements(structures: list[Structure]) -> set[int]:
-    """Atomic numbers present in ``structures``."""
-    found: set[int] = set()
-    for structure in structures:
-        found.update(structure.atomic_numbers.unique().tolist())
-    return found
+    files: dict[str, list[tuple[str, FrameSet]]]
 
 
 def read_files(
     section: list[DatasetOptions], require_energy: bool = True
-) -> list[tuple[str, list[Structure]]]:
+) -> list[tuple[str, FrameSet]]:
     """Each file of a data set section with its structures, in order."""
     return [
         (dataset.systems.read_from, read_dataset(dataset, require_energy)) for dataset in section
@@ -96,7 +89,7 @@ def file_labels(paths: list[str]) -> list[str]:
     return labels
 
 
-def known_elements(options: Options, training: list[Structure], sources: str) -> tuple[set, str]:
+def known_elements(options: Options, training: FrameSet, sources: str) -> tuple[set, str]:
     """The elements the model will know, and what to say of an element it does not."""
     listed = options.architecture.atomic_types
     finetune = options.architecture.training.finetune
@@ -110,7 +103,7 @@ def known_elements(options: Options, training: list[Structure], sources: str) ->
             f"that architecture.atomic_types {listed} lacks; add them to atomic_types or "
             "leave it unset"
         )
-    return elements(training), (
+    return training.elements(), (
         f"that the training set ({sources}) lacks; the model cannot predict them. Add such "
         "structures to the training set, or list them in architecture.atomic_types"
     )
@@ -124,7 +117,7 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         value if isinstance(value, float) else 0.0
         for value in (options.validation_set, options.test_set)
     ]
-    files: dict[str, list[tuple[str, list[Structure]]]] = {
+    files: dict[str, list[tuple[str, FrameSet]]] = {
         "training": [],
         "validation": [],
         "test": [],
@@ -135,13 +128,13 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         indices = split_indices(len(structures), fractions, seed + position)
         record = dict(zip(files, indices))
         for part, chosen in record.items():
-            files[part].append((dataset.systems.read_from, [structures[index] for index in chosen]))
+            files[part].append((dataset.systems.read_from, structures.subset(chosen)))
         split.append({"file": dataset.systems.read_from, **record})
     for part, section in (("validation", options.validation_set), ("test", options.test_set)):
         if isinstance(section, list):
             files[part] = read_files(section)
     joined = {
-        part: [structure for _, structures in entries for structure in structures]
+        part: FrameSet.joined([structures for _, structures in entries])
         for part, entries in files.items()
     }
     if not joined["training"]:
@@ -155,7 +148,7 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         ("validation_set", "validation"),
         ("test_set", "test"),
     ):
-        missing = elements(joined[part]) - known
+        missing = joined[part].elements() - known
         if missing:
             raise DataError(f"{name} contains atomic numbers {sorted(missing)} {lacking}")
     return Datasets(
@@ -164,12 +157,4 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         test=joined["test"],
         split={part: split[0][part] for part in files} if len(split) == 1 else split,
         files=files,
-    )
-
-
-def targets_given(structures: list[Structure]) -> tuple[int, int]:
-    """How many structures have forces, and how many a stress."""
-    return (
-        sum(structure.forces is not None for structure in structures),
-        sum(structure.stress is not None for structure in structures),
     )

@@ -6,11 +6,12 @@ from collections.abc import Iterator
 
 import torch
 
-from ..data.batch import Batch, collate
+from ..data.batch import Batch
+from ..data.frames import FrameSet
 from ..data.sampler import global_batches, pack_by_atoms, shard_by_work
-from ..data.system import Structure
 from ..distributed import Context
 from .metrics import MetricSums
+from .work import work
 
 
 def model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
@@ -42,7 +43,7 @@ def predict(
 
 
 def local_batches(
-    structures: list[Structure],
+    structures: FrameSet,
     indices: list[int],
     batch_size: int,
     cutoff: float,
@@ -53,14 +54,14 @@ def local_batches(
     if max_atoms is None:
         chunks = global_batches(indices, batch_size)
     else:
-        chunks = pack_by_atoms(indices, [structure.n_atoms for structure in structures], max_atoms)
+        chunks = pack_by_atoms(indices, structures.atom_counts, max_atoms)
     for chunk in chunks:
-        yield chunk, collate([structures[index] for index in chunk], cutoff)
+        yield chunk, structures.batch(chunk, cutoff)
 
 
 def metric_sums(
     model: torch.nn.Module,
-    structures: list[Structure],
+    structures: FrameSet,
     context: Context,
     batch_size: int,
     dtype: torch.dtype,
@@ -69,15 +70,15 @@ def metric_sums(
     """This rank's error sums over its shard (every rank must call the reduction), in
     batches of ``batch_size`` structures or of at most ``max_atoms`` atoms."""
     sums = MetricSums(context.device)
-    if not structures:
+    if not len(structures):
         return sums.values
     cutoff = float(model.cutoff)
     everything = list(range(len(structures)))
-    indices = shard_by_work(structures, everything, cutoff, context.rank, context.world_size)
-    forces = any(structure.forces is not None for structure in structures)
-    stress = any(structure.stress is not None for structure in structures)
+    costs = work(structures, cutoff, context)
+    indices = shard_by_work(everything, costs, context.rank, context.world_size)
+    with_forces, with_stress = structures.count_known()
     for _, batch in local_batches(structures, indices, batch_size, cutoff, max_atoms):
         batch = batch.to(context.device, dtype)
-        predictions = predict(model, batch, forces, stress)
+        predictions = predict(model, batch, with_forces > 0, with_stress > 0)
         sums.accumulate(predictions, batch)
     return sums.values

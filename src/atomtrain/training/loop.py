@@ -7,6 +7,7 @@ and training/losses.py); every control decision comes from reduced values.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -17,17 +18,16 @@ from typing import Any
 import torch
 import tqdm
 
-from ..data.batch import collate, empty_batch
-from ..data.sampler import shard_by_work
-from ..data.system import Structure
+from ..data.frames import FrameSet
 from ..distributed import Context
 from ..models import registry
 from ..models.export import export
 from ..options import Options, expanded
+from .batches import StepBatches, batch_workers
 from .checkpoint import save_checkpoint
-from .datasets import Datasets, targets_given
+from .datasets import Datasets
 from .evaluation import metric_sums, predict
-from .losses import GlobalCounts, batch_loss
+from .losses import batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
 from .outputs import LOGGER_NAME, append_csv, plot_learning_curves, write_run_record
 from .reports import describe, describe_model, metrics_table
@@ -39,17 +39,9 @@ from .setup import (
     training_dtype,
 )
 from .stopping import NonFiniteLoss, ParametersDiverged, StopRequest, TrainingStopped
+from .work import work
 
 logger = logging.getLogger(LOGGER_NAME)
-
-
-def global_counts(structures: list[Structure], indices: list[int]) -> GlobalCounts:
-    chosen = [structures[index] for index in indices]
-    return GlobalCounts(
-        structures=len(chosen),
-        force_components=sum(3 * s.n_atoms for s in chosen if s.forces is not None),
-        stress_components=sum(9 for s in chosen if s.stress is not None),
-    )
 
 
 def selection_metric(metrics: dict[str, float], options: Options) -> float:
@@ -94,8 +86,19 @@ class Trainer:
         self.adapt_threads()  # reading may have taken long enough to tell
         training = self.datasets.training
         self.validation_files = labelled_files(self.datasets.files["validation"])
-        with_forces, with_stress = targets_given(training)
+        with_forces, with_stress = training.count_known()
         self.forces, self.stress = with_forces > 0, with_stress > 0
+        cutoff = float(self.model.cutoff)
+        self.step_batches = StepBatches(
+            training,
+            cutoff,
+            work(training, cutoff, context),
+            context.rank,
+            context.world_size,
+            self.forces,
+            self.stress,
+            batch_workers(self.training_options),
+        )
         if context.is_main and state is None:
             record = expanded(options)
             record["seed"] = seed
@@ -146,7 +149,6 @@ class Trainer:
         """One pass over the training set from global step ``start_step`` of the epoch;
         returns this rank's metric sums."""
         context = self.context
-        training = self.datasets.training
         sums = MetricSums(context.device)
         if start_step and self.resumed_sums is not None:
             sums.values += self.resumed_sums
@@ -159,47 +161,38 @@ class Trainer:
             leave=False,
             disable=not show_bar,
         )
-        for step in range(start_step, len(batches)):
-            global_batch = batches[step]
-            counts = global_counts(training, global_batch)
-            mine = shard_by_work(
-                training, global_batch, self.model.cutoff, context.rank, context.world_size
-            )
-            local = [training[index] for index in mine]
-            batch = (
-                collate(local, self.model.cutoff)
-                if local
-                else empty_batch(True, self.forces, self.stress)
-            )
-            batch = batch.to(context.device, self.dtype)
-            predictions = predict(self.model, batch, self.forces, self.stress, True)
-            loss = batch_loss(predictions, batch, self.loss_options, counts)
-            self.optimizer.zero_grad(set_to_none=True)
-            # Each rank's loss is its share of the global-batch loss, so the sum of the
-            # ranks' gradients is the gradient of the global batch. Gradients go to the
-            # parameters only: the force loss would otherwise also be differentiated
-            # with respect to the positions (second derivatives, unused).
-            loss.backward(inputs=self.parameters)
-            status = context.sum_gradients(self.parameters, self.step_flags(loss))
-            stop, non_finite = (value > 0 for value in status.tolist())
-            if non_finite:
-                raise NonFiniteLoss(
-                    f"the loss became NaN or infinite at epoch {epoch + 1}, step {step + 1}; "
-                    "lower architecture.training.learning_rate or look for outliers in "
-                    "the data"
-                )
-            self.optimizer.step()
-            self.scheduler.step()
-            self.global_step += 1
-            sums.accumulate(predictions, batch, loss)
-            progress.update()
-            self.adapt_threads()
-            every = self.options.distributed.check_consistency_every
-            if every and self.global_step % every == 0:
-                self.check_consistency()
-            if stop:
-                progress.close()
-                self.stop_here(epoch, step + 1, sums)
+        # closed on every way out (a stop raises here), so no builder thread outlives it
+        with contextlib.closing(self.step_batches.steps(batches, start_step)) as steps:
+            for step, counts, batch in steps:
+                batch = batch.to(context.device, self.dtype)
+                predictions = predict(self.model, batch, self.forces, self.stress, True)
+                loss = batch_loss(predictions, batch, self.loss_options, counts)
+                self.optimizer.zero_grad(set_to_none=True)
+                # Each rank's loss is its share of the global-batch loss, so the sum of the
+                # ranks' gradients is the gradient of the global batch. Gradients go to the
+                # parameters only: the force loss would otherwise also be differentiated
+                # with respect to the positions (second derivatives, unused).
+                loss.backward(inputs=self.parameters)
+                status = context.sum_gradients(self.parameters, self.step_flags(loss))
+                stop, non_finite = (value > 0 for value in status.tolist())
+                if non_finite:
+                    raise NonFiniteLoss(
+                        f"the loss became NaN or infinite at epoch {epoch + 1}, step {step + 1}; "
+                        "lower architecture.training.learning_rate or look for outliers in "
+                        "the data"
+                    )
+                self.optimizer.step()
+                self.scheduler.step()
+                self.global_step += 1
+                sums.accumulate(predictions, batch, loss)
+                progress.update()
+                self.adapt_threads()
+                every = self.options.distributed.check_consistency_every
+                if every and self.global_step % every == 0:
+                    self.check_consistency()
+                if stop:
+                    progress.close()
+                    self.stop_here(epoch, step + 1, sums)
         progress.close()
         return sums.values
 
@@ -234,7 +227,7 @@ class Trainer:
         check_same_parameters(self.context, self.model, self.global_step)
 
     def evaluate_with_shares(
-        self, structures: list[Structure], shares: list[tuple[str, list[Structure]]]
+        self, structures: FrameSet, shares: list[tuple[str, FrameSet]]
     ) -> list[torch.Tensor]:
         """This rank's error sums on ``structures`` and, when they come from several files,
         on each file's share (``labelled_files``): one pass, the whole being the shares
@@ -244,7 +237,7 @@ class Trainer:
         values = [self.evaluate(share) for _, share in shares]
         return [torch.stack(values).sum(0), *values]
 
-    def evaluate(self, structures: list[Structure]) -> torch.Tensor:
+    def evaluate(self, structures: FrameSet) -> torch.Tensor:
         self.adapt_threads()
         return metric_sums(
             self.model,

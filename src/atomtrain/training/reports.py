@@ -9,12 +9,12 @@ import torch
 
 from ..models import registry
 from ..models.energy_model import EnergyModel
-from .datasets import Datasets, targets_given
+from .datasets import Datasets
 
 
 def describe_data(datasets: Datasets) -> str:
     training = datasets.training
-    with_forces, with_stress = targets_given(training)
+    with_forces, with_stress = training.count_known()
     return (
         f"data: {len(training)} training, {len(datasets.validation)} validation, "
         f"{len(datasets.test)} test structures; targets: energy"
@@ -27,7 +27,7 @@ def describe_training(datasets: Datasets, finetuned_from: str | None) -> str:
     """What the model was trained on, for the exported model's description."""
     files = sorted({Path(path).name for path, _ in datasets.files["training"]})
     training = datasets.training
-    with_forces, with_stress = targets_given(training)
+    with_forces, with_stress = training.count_known()
     targets = "energy" + (", forces" if with_forces else "") + (", stress" if with_stress else "")
     text = f"trained on {len(training)} structures of {', '.join(files)} ({targets})"
     if finetuned_from is not None:

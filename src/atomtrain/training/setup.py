@@ -12,9 +12,8 @@ from typing import Any
 
 import torch
 
-from ..data.neighbors import neighbor_list
-from ..data.sampler import BatchPlan, pack_once, shard
-from ..data.system import Structure
+from ..data.frames import FrameSet
+from ..data.sampler import BatchPlan, pack_once
 from ..distributed import Context
 from ..errors import DataError, OptionsError
 from ..models import registry
@@ -23,9 +22,10 @@ from ..models.energy_model import EnergyModel
 from ..options import FINETUNE_LEARNING_RATE, Options, TrainingOptions
 from .baseline import fit_baseline, refit_undetermined_baseline
 from .checkpoint import model_from_checkpoint
-from .datasets import Datasets, elements, file_labels, load_datasets
+from .datasets import Datasets, file_labels, load_datasets
 from .outputs import LOGGER_NAME
 from .reports import describe_data, describe_training
+from .work import pair_counts
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -44,9 +44,9 @@ def training_dtype(options: Options) -> torch.dtype:
     return torch.float64 if options.base_precision == 64 else torch.float32
 
 
-def model_elements(options: Options, training: list[Structure]) -> list[int]:
+def model_elements(options: Options, training: FrameSet) -> list[int]:
     """The elements a new model is built for: atomic_types, else the training set's."""
-    return options.architecture.atomic_types or sorted(elements(training))
+    return options.architecture.atomic_types or sorted(training.elements())
 
 
 def build_model(options: Options, facts: DataFacts) -> EnergyModel:
@@ -55,7 +55,7 @@ def build_model(options: Options, facts: DataFacts) -> EnergyModel:
     return architecture.build(options.architecture.model, facts)
 
 
-def data_facts(options: Options, training: list[Structure], context: Context) -> DataFacts:
+def data_facts(options: Options, training: FrameSet, context: Context) -> DataFacts:
     """The elements of a new model, and the mean neighbor count when its architecture
     asks for it: from every rank's share, as sums of pairs and atoms, so that it is the
     same whatever the number of processes."""
@@ -63,27 +63,22 @@ def data_facts(options: Options, training: list[Structure], context: Context) ->
     architecture = registry.architecture(options.architecture.name)
     cutoff = architecture.average_neighbors_within(options.architecture.model)
     if cutoff is not None:
-        local = shard(list(range(len(training))), context.rank, context.world_size)
-        sums = torch.zeros(2, dtype=torch.float64)
-        for index in local:
-            # a half list: each pair is a neighbor of both its atoms
-            sums[0] += 2 * neighbor_list(training[index], cutoff).n_pairs
-            sums[1] += training[index].n_atoms
-        pairs, atoms = context.all_reduce_sum(sums).tolist()
-        facts.average_neighbors = pairs / max(atoms, 1.0)
+        # the full list: each pair is a neighbor of both its atoms
+        pairs = int(pair_counts(training, cutoff, context).sum())
+        facts.average_neighbors = pairs / max(int(training.atom_counts.sum()), 1)
         logger.info(f"{facts.average_neighbors:.3f} neighbors per atom within {cutoff:g} A")
     return facts
 
 
 def batch_plan(
-    training: list[Structure], options: TrainingOptions, seed: int, context: Context
+    training: FrameSet, options: TrainingOptions, seed: int, context: Context
 ) -> BatchPlan:
     """Fixed-size global batches, or batches packed by atom count (logged by rank 0,
     since how many structures a step holds then depends on the data)."""
     limit = options.max_atoms_per_batch
     if limit is None:
         return BatchPlan(len(training), options.batch_size, seed)
-    atom_counts = [structure.n_atoms for structure in training]
+    atom_counts = training.atom_counts.tolist()
     packed = pack_once(atom_counts, seed, limit, options.min_atoms_per_batch)
     if not packed:
         raise DataError(
@@ -110,13 +105,13 @@ def batch_plan(
 
 
 def labelled_files(
-    files: list[tuple[str, list[Structure]]],
-) -> list[tuple[str, list[Structure]]]:
+    files: list[tuple[str, FrameSet]],
+) -> list[tuple[str, FrameSet]]:
     """A set's non-empty shares by file, labelled for tables, when it has several files."""
     if len(files) < 2:
         return []
     labels = file_labels([path for path, _ in files])
-    return [(label, structures) for label, (_, structures) in zip(labels, files) if structures]
+    return [(label, structures) for label, (_, structures) in zip(labels, files) if len(structures)]
 
 
 def starting_point(options: Options) -> str | None:

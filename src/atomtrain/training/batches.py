@@ -1,0 +1,83 @@
+"""Each training step's batch: the global batch's counts (for the loss normalisation)
+and this rank's share, collated from the arrays. With ``num_workers`` threads, the next
+steps' batches are built while the current step runs: neighbor lists (vesin) and the
+copies out of memory-mapped files release the GIL, so they overlap with the model's
+work instead of adding to it."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data.batch import Batch, empty_batch
+from ..data.frames import FrameSet
+from ..data.sampler import shard_by_work
+from ..options import TrainingOptions
+from .losses import GlobalCounts
+
+
+def batch_workers(options: TrainingOptions) -> int:
+    """Threads building batches ahead: ``num_workers``, or one when unset."""
+    return 1 if options.num_workers is None else options.num_workers
+
+
+def global_counts(structures: FrameSet, indices: list[int]) -> GlobalCounts:
+    positions = np.asarray(indices, dtype=np.int64)
+    atoms = structures.gathered("atom_counts", positions)
+    with_forces = structures.gathered("forces_known", positions)
+    with_stress = structures.gathered("stress_known", positions)
+    return GlobalCounts(
+        structures=len(indices),
+        force_components=3 * int(atoms[with_forces].sum()),
+        stress_components=9 * int(with_stress.sum()),
+    )
+
+
+@dataclass
+class StepBatches:
+    """How this rank cuts its batches out of ``structures``."""
+
+    structures: FrameSet
+    cutoff: float
+    work: np.ndarray | None  # per structure, for dealing to several ranks
+    rank: int
+    world_size: int
+    forces: bool  # the set has forces somewhere: an empty share still carries the keys
+    stress: bool
+    workers: int = 0
+
+    def build(self, global_batch: list[int]) -> tuple[GlobalCounts, Batch]:
+        counts = global_counts(self.structures, global_batch)
+        mine = shard_by_work(global_batch, self.work, self.rank, self.world_size)
+        if not mine:
+            return counts, empty_batch(True, self.forces, self.stress)
+        return counts, self.structures.batch(mine, self.cutoff)
+
+    def steps(
+        self, batches: list[list[int]], start: int
+    ) -> Iterator[tuple[int, GlobalCounts, Batch]]:
+        """(step, counts, batch) from step ``start`` on, built ``workers`` steps ahead."""
+        if self.workers == 0:
+            for step in range(start, len(batches)):
+                yield step, *self.build(batches[step])
+            return
+        executor = ThreadPoolExecutor(self.workers, thread_name_prefix="atomtrain-batches")
+        pending: deque[tuple[int, Future]] = deque()
+        upcoming = iter(range(start, len(batches)))
+        try:
+            for step in upcoming:
+                pending.append((step, executor.submit(self.build, batches[step])))
+                if len(pending) > self.workers:
+                    break
+            while pending:
+                step, future = pending.popleft()
+                following = next(upcoming, None)
+                if following is not None:
+                    pending.append((following, executor.submit(self.build, batches[following])))
+                yield step, *future.result()
+        finally:
+            executor.shutdown(wait=True, cancel_futures=True)
