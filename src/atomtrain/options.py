@@ -169,8 +169,11 @@ class TrainingOptions(Strict):
     """metatrain's port for distributed training: used as distributed.port when that is
     unset."""
     num_workers: Annotated[int, Field(ge=0)] | None = None
-    """metatrain's data-loading workers: accepted and ignored (neighbor lists are
-    computed once, batches collated in the training process)."""
+    """Threads that build the next training batches (neighbor lists, copies out of the
+    data arrays) while a step runs. Unset: none on a CPU, where the builder competes with
+    the step for the same cores (measured on ethanol, two cores: 2.1 s an epoch with one
+    worker against 1.0 s without; docs/performance.md "Large data sets"), one on a GPU.
+    metatrain's key of the same name counts loader processes."""
     log_mae: bool = False
     """metatrain's: atomtrain logs MAEs beside RMSEs (train.csv) anyway."""
     log_separate_blocks: bool = False

@@ -14,6 +14,7 @@ import torch
 from atomtrain.cli.main import main
 from atomtrain.data import read_structures
 from atomtrain.data.convert import MANIFEST
+from atomtrain.data.neighbors import compute_neighbor_list
 
 from conftest import RESOURCES
 from helpers import checkpoint_weights, finish, start_ranks, write_options
@@ -147,18 +148,28 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, capsys, case, fragme
 
 def test_two_processes_write_the_bytes_of_one(tmp_path):
     """Two files (molecules without stress, then periodic cells with it), shared out in
-    contiguous frames: the joined directory is byte for byte the one-process one."""
+    contiguous frames: the joined directory is byte for byte the one-process one. The
+    stored neighbor-pair counts are each structure's."""
     inputs = [RESOURCES / "ethanol_40.xyz", RESOURCES / "si_test.xyz"]
-    assert convert(*inputs, "-o", tmp_path / "one", "--float64") == 0
-    assert convert(*inputs, "-o", tmp_path / "two", "--float64", "--nproc", "2") == 0
+    extras = ["--float64", "--cutoff", "4.0"]
+    assert convert(*inputs, "-o", tmp_path / "one", *extras) == 0
+    assert convert(*inputs, "-o", tmp_path / "two", *extras, "--nproc", "2") == 0
     names = sorted(path.name for path in (tmp_path / "one").iterdir())
     assert names == sorted(path.name for path in (tmp_path / "two").iterdir())
     assert "stress.bin" in names and "atomtrain_known.bin" in names
+    assert "atomtrain_pairs_4.0.bin" in names
     for name in names:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
     structures = read_structures(tmp_path / "two")
     assert len(structures) == 65
     assert structures[0].stress is None and structures[40].stress is not None
+    stored = structures.stored_pair_counts(4.0)
+    counted = [
+        compute_neighbor_list(s.positions.numpy(), s.cell.numpy(), s.pbc.numpy(), 4.0).n_pairs
+        for s in structures
+    ]
+    assert stored.tolist() == counted and min(counted) > 0
+    assert structures.stored_pair_counts(5.0) is None
 
 
 def test_a_killed_conversion_leaves_no_directory_that_looks_complete(tmp_path):

@@ -164,3 +164,49 @@ def test_nproc_2_on_a_directory_gives_the_single_process_model(tmp_path):
         states.append(torch.load(run / "last.ckpt", weights_only=True)["model_state"])
     for name, value in states[0].items():
         torch.testing.assert_close(states[1][name], value, rtol=1e-8, atol=1e-10)
+
+
+def test_one_list_of_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp_path):
+    """Ethanol molecules from an extended XYZ file and silicon cells (stress) from a
+    directory in one training list, batches packed by atom count: two processes give the
+    one-process model, the final table has a row per file, and the model fine-tunes on
+    the directory alone."""
+    import yaml
+
+    silicon = write_memmap(
+        tmp_path / "silicon", ase.io.read(RESOURCES / "si_test.xyz", ":10"), stress=True
+    )
+    states = []
+    for extra in ([], ["--nproc", "2"]):
+        run = tmp_path / f"run{len(extra)}"
+        path = write_options(tmp_path, RESOURCES / "ethanol_40.xyz", test_set=0.0)
+        options = yaml.safe_load(path.read_text())
+        options["training_set"] = [
+            {"systems": {"read_from": str(RESOURCES / "ethanol_40.xyz")}},
+            {"systems": {"read_from": str(silicon)}},
+        ]
+        options["architecture"]["training"]["max_atoms_per_batch"] = 150
+        path.write_text(yaml.safe_dump(options))
+        command = [sys.executable, "-m", "atomtrain", "train", str(path), "--run-dir", str(run)]
+        environment = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "TORCHELASTIC"))
+        }
+        result = subprocess.run(
+            [*command, *extra], env=environment, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, result.stderr
+        log = (run / "train.log").read_text()
+        assert "train: ethanol_40.xyz" in log and "train: silicon" in log
+        assert "training batches packed by atom count" in log
+        states.append(torch.load(run / "last.ckpt", weights_only=True)["model_state"])
+    for name, value in states[0].items():
+        torch.testing.assert_close(states[1][name], value, rtol=1e-8, atol=1e-10)
+    finetune = write_options(
+        tmp_path,
+        silicon,
+        architecture__training__num_epochs=1,
+        architecture__training__finetune={"read_from": str(tmp_path / "run0" / "model.pt")},
+    )
+    assert main(["train", str(finetune), "--run-dir", str(tmp_path / "finetuned")]) == 0

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..data.convert import (
+    Layout,
     Source,
     convert,
     convert_shares,
@@ -42,6 +43,16 @@ def add_parser(commands) -> None:
         "on the directory is then exact; metatrain reads the float32 arrays)",
     )
     parser.add_argument(
+        "--cutoff",
+        type=float,
+        nargs="+",
+        default=[],
+        metavar="R",
+        help="also store each structure's neighbor pairs within R angstrom (the model's "
+        "cutoff): training on several processes then deals batches by pairs without a "
+        "neighbor search per structure at its start",
+    )
+    parser.add_argument(
         "--nproc",
         type=int,
         default=1,
@@ -63,6 +74,9 @@ def run(arguments: argparse.Namespace) -> int:
     ]
     if arguments.nproc < 1:
         raise OptionsError(f"--nproc {arguments.nproc}: give at least 1 process")
+    if any(cutoff <= 0 for cutoff in arguments.cutoff):
+        raise OptionsError(f"--cutoff {arguments.cutoff}: cutoffs must be positive (angstrom)")
+    layout = Layout(float64=arguments.float64, cutoffs=tuple(arguments.cutoff))
     start = time.perf_counter()
     launch = detect_launch(os.environ)
     if launch.is_distributed:
@@ -71,12 +85,12 @@ def run(arguments: argparse.Namespace) -> int:
                 f"--nproc {arguments.nproc} under {launch.kind}: the launcher already started "
                 "the processes; leave --nproc out"
             )
-        count = convert_as_ranks(sources, arguments.output, arguments.float64, launch)
+        count = convert_as_ranks(sources, arguments.output, layout, launch)
         if launch.rank != 0:
             return 0
         arguments.nproc = launch.world_size
     else:
-        count = convert(sources, arguments.output, arguments.float64, arguments.nproc)
+        count = convert(sources, arguments.output, layout, arguments.nproc)
     print(
         f"converted {count} structures from {len(sources)} file(s) into {arguments.output} "
         f"in {time.perf_counter() - start:.1f} s with {arguments.nproc} process(es)"
@@ -84,7 +98,7 @@ def run(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def convert_as_ranks(sources: list[Source], output: Path, float64: bool, launch) -> int:
+def convert_as_ranks(sources: list[Source], output: Path, layout: Layout, launch) -> int:
     """Under srun or torchrun: rank 0 plans, every rank converts its share of the
     frames into the staging directory (a file system all ranks share), rank 0 joins
     the parts. A failure on any rank stops all of them, and no output is left."""
@@ -98,11 +112,11 @@ def convert_as_ranks(sources: list[Source], output: Path, float64: bool, launch)
                 setup = (staging, *plan(sources, context.world_size))
             staging, records, wanted, shares = context.broadcast_object(setup)
             directory = staging / f"part-{context.rank}"
-            part = convert_shares(sources, wanted, shares[context.rank], directory, float64)
+            part = convert_shares(sources, wanted, shares[context.rank], directory, layout)
             parts = context.all_gather_objects(part)
             total = sum(record["frames"] for record in records)
             if context.is_main:
-                total = finish_output(parts, staging, output, float64, records)
+                total = finish_output(parts, staging, output, layout, records)
     except BaseException as error:
         if context.is_main and staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

@@ -12,7 +12,10 @@ atomtrain's additions in files metatrain ignores:
   stress are known (unknown ones are stored as zeros);
 - with ``float64``: ``atomtrain_x64.bin``, ``atomtrain_c64.bin`` and
   ``atomtrain_<target>64.bin``, the same arrays in float64, so that float64 training
-  on the directory is exact.
+  on the directory is exact;
+- with ``cutoffs``: ``atomtrain_pairs_<cutoff>.bin``, int32 (ns,), each structure's
+  neighbor pairs within that cutoff (full list), so that training deals batches to its
+  processes by pairs without a neighbor search per structure when it starts.
 
 Values are stored in angstrom and eV (metatrain's defaults). The directory is written
 under a hidden temporary name beside the output and renamed when complete, so an
@@ -43,11 +46,24 @@ from .extxyz import (
     iterate_frames,
     targets_wanted,
 )
+from .neighbors import compute_neighbor_list
 from .system import Structure
 
 MANIFEST = "atomtrain.json"
 FORMAT = "atomtrain-memmap-1"
 TARGETS = ("energy", "forces", "stress")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """atomtrain's optional files: float64 copies, pair counts for these cutoffs."""
+
+    float64: bool = False
+    cutoffs: tuple[float, ...] = ()
+
+
+def pairs_file(cutoff: float) -> str:
+    return f"atomtrain_pairs_{float(cutoff)!r}.bin"
 
 
 @dataclass
@@ -79,9 +95,10 @@ class ArrayFiles:
 class Converter:
     """Appends structures to the arrays of one part of a directory being written."""
 
-    def __init__(self, directory: Path, float64: bool):
+    def __init__(self, directory: Path, layout: Layout):
         self.files = ArrayFiles(directory)
-        self.float64 = float64
+        self.float64 = layout.float64
+        self.cutoffs = layout.cutoffs
         self.atom_counts: list[int] = []
         self.with_target = dict.fromkeys(TARGETS, False)
 
@@ -107,6 +124,11 @@ class Converter:
         self.files.append(
             "atomtrain_known.bin", [values[name] is not None for name in TARGETS], np.uint8
         )
+        for cutoff in self.cutoffs:
+            pairs = compute_neighbor_list(
+                positions, structure.cell.numpy(), structure.pbc.numpy(), cutoff
+            ).n_pairs
+            self.files.append(pairs_file(cutoff), [pairs], np.int32)
 
     def store(self, name: str, wide_name: str, values: np.ndarray) -> None:
         self.files.append(name, values, np.float32)
@@ -132,7 +154,9 @@ class Part:
     with_target: dict[str, bool]
 
 
-def convert(sources: list[Source], output: Path, float64: bool = False, processes: int = 1) -> int:
+def convert(
+    sources: list[Source], output: Path, layout: Layout = Layout(), processes: int = 1
+) -> int:
     """Write ``sources`` into the directory ``output``; the number of structures. With
     several ``processes``, each converts a contiguous share of the frames and the parts
     are joined in order: the result is byte-identical to one process's."""
@@ -141,7 +165,7 @@ def convert(sources: list[Source], output: Path, float64: bool = False, processe
         try:
             records, wanted, shares = plan(sources, processes)
             jobs = [
-                (sources, wanted, mine, staging / f"part-{number}", float64)
+                (sources, wanted, mine, staging / f"part-{number}", layout)
                 for number, mine in enumerate(shares)
             ]
             if processes == 1:
@@ -151,7 +175,7 @@ def convert(sources: list[Source], output: Path, float64: bool = False, processe
                 context = multiprocessing.get_context("spawn")
                 with context.Pool(processes) as pool:
                     parts = pool.starmap(convert_shares, jobs)
-            return finish_output(parts, staging, output, float64, records)
+            return finish_output(parts, staging, output, layout, records)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -183,12 +207,12 @@ def finish_output(
     parts: list[Part],
     staging: Path,
     output: Path,
-    float64: bool,
+    layout: Layout,
     records: list[dict],
 ) -> int:
     """Join the parts, write counts and manifest, and rename the staging directory to
     ``output``; the number of structures."""
-    total = join_parts(parts, staging, float64, records)
+    total = join_parts(parts, staging, layout, records)
     os.chmod(staging, 0o777 & ~process_umask())
     os.rename(staging, output)
     return total
@@ -224,10 +248,10 @@ def convert_shares(
     wanted: list[tuple[bool, bool]],
     shares: list[Share],
     directory: Path,
-    float64: bool,
+    layout: Layout,
 ) -> Part:
     directory.mkdir()
-    converter = Converter(directory, float64)
+    converter = Converter(directory, layout)
     for share in shares:
         source = sources[share.source]
         reader = FrameReader(source.path, source.keys, source.units)
@@ -239,7 +263,7 @@ def convert_shares(
     return Part(directory, converter.atom_counts, converter.with_target)
 
 
-def join_parts(parts: list[Part], directory: Path, float64: bool, sources: list[dict]) -> int:
+def join_parts(parts: list[Part], directory: Path, layout: Layout, sources: list[dict]) -> int:
     """The parts' files joined in order into ``directory``, with the counts and the
     manifest; the number of structures."""
     with_target = {name: any(part.with_target[name] for part in parts) for name in TARGETS}
@@ -265,7 +289,8 @@ def join_parts(parts: list[Part], directory: Path, float64: bool, sources: list[
         "keys": {name: name for name in TARGETS if with_target[name]},
         "structures": len(atom_counts),
         "atoms": int(sum(atom_counts)),
-        "float64": float64,
+        "float64": layout.float64,
+        "pair_counts": {repr(float(cutoff)): pairs_file(cutoff) for cutoff in layout.cutoffs},
         # what every frame passed on its way in (FrameReader.structure): a reader that
         # finds every checksum unchanged need not check the frames again
         "checked": ["finite values", "no atoms on top of each other"],

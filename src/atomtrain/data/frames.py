@@ -75,6 +75,8 @@ class Frames:
     stress_known: np.ndarray  # [n] bool
     length: float = 1.0
     energy_unit: float = 1.0
+    # neighbor pairs (full list) per structure, by cutoff, as atomtrain convert stored them
+    stored_pairs: dict[float, np.ndarray] = field(default_factory=dict)
     neighbor_lists: dict[tuple[float, int], NeighborList] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -282,6 +284,16 @@ class FrameSet(Sequence):
         for start in range(0, len(positions), CHUNK):
             for frames, indices, _ in self.by_part(positions[start : start + CHUNK]):
                 yield frames, indices
+
+    def stored_pair_counts(self, cutoff: float) -> np.ndarray | None:
+        """Each structure's neighbor pairs within ``cutoff`` when every source stored
+        them (``atomtrain convert --cutoff``), else None."""
+        if not len(self) or any(cutoff not in frames.stored_pairs for frames in self.parts):
+            return None
+        counts = np.zeros(len(self), dtype=np.int64)
+        for frames, indices, where in self.by_part(np.arange(len(self))):
+            counts[where] = frames.stored_pairs[cutoff][indices]
+        return counts
 
     def element_counts(self, positions: np.ndarray) -> np.ndarray:
         """Atoms of each atomic number (0-118) in the structures at ``positions``."""

@@ -24,6 +24,7 @@ from .extxyz import FrameReader, TargetKeys, Units
 from .frames import Frames, FrameSet
 
 REQUIRED = ("ns.npy", "na.npy", "x.bin", "a.bin")
+PAIRS_PREFIX = "atomtrain_pairs_"  # + repr(cutoff) + ".bin", see convert.pairs_file
 
 
 class MemmapDirectory:
@@ -60,6 +61,12 @@ class MemmapDirectory:
         self.periodic = self.extra("atomtrain_pbc.bin", (self.count, 3))
         # which of energy, forces, stress each structure has (all, without the file)
         self.known = self.extra("atomtrain_known.bin", (self.count, 3))
+        self.pair_counts = {
+            float(file.name[len(PAIRS_PREFIX) : -len(".bin")]): self.array(
+                file.name, np.int32, (self.count,)
+            )
+            for file in sorted(path.glob(f"{PAIRS_PREFIX}*.bin"))
+        }
 
     def array(self, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
         """``name`` mapped as ``shape``, after checking that its size is exactly that."""
@@ -144,6 +151,7 @@ def read_directory(path: Path, keys: TargetKeys, units: Units) -> FrameSet:
         else np.zeros(count, dtype=bool),
         length=reader.length,
         energy_unit=reader.energy,
+        stored_pairs=data.pair_counts,
     )
     if not reader.checked:
         check_frames(frames, reader, keys)

@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from ..data.batch import Batch, empty_batch
 from ..data.frames import FrameSet
@@ -20,9 +21,13 @@ from ..options import TrainingOptions
 from .losses import GlobalCounts
 
 
-def batch_workers(options: TrainingOptions) -> int:
-    """Threads building batches ahead: ``num_workers``, or one when unset."""
-    return 1 if options.num_workers is None else options.num_workers
+def batch_workers(options: TrainingOptions, device: torch.device) -> int:
+    """Threads building batches ahead: ``num_workers``; unset, none on a CPU, where a
+    step and the builder compete for the same cores (measured: 2.1 s an epoch against
+    1.0 s on ethanol, two cores), and one on a GPU, whose steps leave the CPU idle."""
+    if options.num_workers is not None:
+        return options.num_workers
+    return 0 if device.type == "cpu" else 1
 
 
 def global_counts(structures: FrameSet, indices: list[int]) -> GlobalCounts:

@@ -71,6 +71,7 @@ class Trainer:
     """State of one training run; ``fit`` drives it."""
 
     def __init__(self, options: Options, context: Context, run: Run, seed: int):
+        self.started: float | None = time.perf_counter()
         self.options = options
         self.context = context
         self.run = run
@@ -97,7 +98,7 @@ class Trainer:
             context.world_size,
             self.forces,
             self.stress,
-            batch_workers(self.training_options),
+            batch_workers(self.training_options, context.device),
         )
         if context.is_main and state is None:
             record = expanded(options)
@@ -184,6 +185,10 @@ class Trainer:
                 self.optimizer.step()
                 self.scheduler.step()
                 self.global_step += 1
+                if self.started is not None:  # what setting up cost, for large data sets
+                    setup = time.perf_counter() - self.started
+                    logger.info(f"first training step done {setup:.1f} s after the setup began")
+                    self.started = None
                 sums.accumulate(predictions, batch, loss)
                 progress.update()
                 self.adapt_threads()

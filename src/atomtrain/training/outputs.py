@@ -15,7 +15,9 @@ from ..io import atomic_write
 LOGGER_NAME = "atomtrain"
 
 
-def write_run_record(directory: Path, options: dict, split: dict[str, list[int]]) -> None:
+def write_run_record(
+    directory: Path, options: dict, split: dict[str, list[int]] | list[dict]
+) -> None:
     """The fully expanded options (enough to repeat the run) and the split indices."""
     atomic_write(
         directory / "options.yaml",
@@ -24,9 +26,32 @@ def write_run_record(directory: Path, options: dict, split: dict[str, list[int]]
     )
     atomic_write(
         directory / "split.yaml",
-        lambda stream: yaml.safe_dump(split, stream, default_flow_style=None),
+        lambda stream: stream.write(split_text(split)),
         binary=False,
     )
+
+
+def split_text(split: dict[str, list[int]] | list[dict]) -> str:
+    """The split as YAML, each part's indices a flow sequence on one line: PyYAML's
+    emitter took 8 s (28 s profiled) for the million indices of a large data set."""
+
+    def mapping(record: dict, indent: str) -> list[str]:
+        lines = []
+        for key, value in record.items():
+            if isinstance(value, list):
+                text = "[" + ", ".join(str(int(index)) for index in value) + "]"
+            else:
+                text = yaml.safe_dump(value, default_style='"').strip()
+            lines.append(f"{indent}{key}: {text}")
+        return lines
+
+    if isinstance(split, dict):
+        return "\n".join(mapping(split, "")) + "\n"
+    lines = []
+    for record in split:
+        entry = mapping(record, "  ")
+        lines += ["- " + entry[0].lstrip(), *entry[1:]]
+    return "\n".join(lines) + "\n"
 
 
 def new_run_directory(root: Path) -> Path:

@@ -1,9 +1,12 @@
 """Neighbor pairs per structure: what a structure costs a step (to deal a global batch
 so that the ranks finish together) and the mean neighbor count some architectures are
-built with. Each rank counts its share of the set, one all-reduce gives every rank the
-whole, the same for any number of processes."""
+built with. Counted once by the data's converter (``atomtrain convert --cutoff``), or
+here: each rank counts its share of the set, one all-reduce gives every rank the whole,
+the same for any number of processes."""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import torch
@@ -11,26 +14,49 @@ import torch
 from ..data.frames import FrameSet
 from ..data.sampler import shard
 from ..distributed import Context
+from .outputs import LOGGER_NAME
+
+logger = logging.getLogger(LOGGER_NAME)
+
+# Counting pairs costs a neighbor search per structure (30 to 40 us for a small
+# molecule): 2 s per process for this many structures on two processes, 15 s for a
+# million, where dealing by atom counts costs nothing (docs/performance.md).
+COUNTED_UP_TO = 100_000
 
 
 def pair_counts(structures: FrameSet, cutoff: float, context: Context) -> np.ndarray:
     """Pairs of the full neighbor list within ``cutoff`` (each pair in both orders) of
-    every structure of ``structures``, kept on the set for the next call. Collective."""
+    every structure of ``structures``: stored with the data, or counted (kept on the set
+    for the next call). Collective unless stored."""
     cached = structures.pair_counts.get(cutoff)
-    if cached is not None:
-        return cached
-    counts = torch.zeros(len(structures), dtype=torch.int64)
-    for position in shard(list(range(len(structures))), context.rank, context.world_size):
-        frames, index = structures.locate(position)
-        counts[position] = frames.neighbors(index, cutoff).n_pairs
-    result = context.all_reduce_sum(counts).numpy()
-    structures.pair_counts[cutoff] = result
-    return result
+    if cached is None:
+        cached = structures.stored_pair_counts(cutoff)
+    if cached is None:
+        counts = torch.zeros(len(structures), dtype=torch.int64)
+        for position in shard(list(range(len(structures))), context.rank, context.world_size):
+            frames, index = structures.locate(position)
+            counts[position] = frames.neighbors(index, cutoff).n_pairs
+        cached = context.all_reduce_sum(counts).numpy()
+    structures.pair_counts[cutoff] = cached
+    return cached
 
 
 def work(structures: FrameSet, cutoff: float, context: Context) -> np.ndarray | None:
-    """Each structure's share of a step's time, for dealing batches to several ranks
-    (pairs predict it better than atoms); None with one rank, which deals nothing."""
+    """Each structure's share of a step's time, for dealing batches to several ranks:
+    its neighbor pairs, which predict it better than atoms (within 4 % against 8 % on
+    tio2), where they are stored or the set is small enough to count them; else its
+    atoms. None with one rank, which deals nothing."""
     if context.world_size == 1:
         return None
+    stored = structures.pair_counts.get(cutoff)
+    if stored is None:
+        stored = structures.stored_pair_counts(cutoff)
+    if stored is None and len(structures) > COUNTED_UP_TO:
+        logger.info(
+            f"dealing batches to the processes by atom counts: {len(structures)} structures "
+            f"have no stored neighbor-pair counts for the cutoff {cutoff:g} A, and counting "
+            f"them takes a neighbor search each (atomtrain convert --cutoff {cutoff:g} "
+            "stores them)"
+        )
+        return structures.atom_counts
     return np.maximum(pair_counts(structures, cutoff, context), 1)
