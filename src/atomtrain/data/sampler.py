@@ -8,17 +8,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
-def epoch_order(n_structures: int, seed: int, epoch: int) -> list[int]:
-    """The permutation of the training set used in ``epoch`` (0-based)."""
+def epoch_order(n_structures: int, seed: int, epoch: int) -> np.ndarray:
+    """The permutation of the training set used in ``epoch`` (0-based), as an array (a
+    list of a million Python integers weighs 36 MB)."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n_structures, generator=generator).tolist()
+    return torch.randperm(n_structures, generator=generator).numpy()
 
 
-def global_batches(order: list[int], batch_size: int) -> list[list[int]]:
-    """Consecutive global batches; the last one may be short."""
+def global_batches(order: Sequence[int], batch_size: int) -> list[Sequence[int]]:
+    """Consecutive global batches (views of ``order``); the last one may be short."""
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
@@ -62,7 +64,7 @@ class BatchPlan:
             return len(self.packed)
         return steps_per_epoch(self.n_structures, self.batch_size)
 
-    def batches(self, epoch: int) -> list[list[int]]:
+    def batches(self, epoch: int) -> list[Sequence[int]]:
         if self.packed is None:
             order = epoch_order(self.n_structures, self.seed, epoch)
             return global_batches(order, self.batch_size)

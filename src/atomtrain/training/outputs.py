@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from ..io import atomic_write
@@ -38,8 +39,8 @@ def split_text(split: dict[str, list[int]] | list[dict]) -> str:
     def mapping(record: dict, indent: str) -> list[str]:
         lines = []
         for key, value in record.items():
-            if isinstance(value, list):
-                text = "[" + ", ".join(str(int(index)) for index in value) + "]"
+            if isinstance(value, (list, np.ndarray)):
+                text = "[" + ", ".join(map(str, np.asarray(value, dtype=np.int64).tolist())) + "]"
             else:
                 text = yaml.safe_dump(value, default_style='"').strip()
             lines.append(f"{indent}{key}: {text}")
