@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from atomtrain.data import collate, read_structures
+from atomtrain.data import FrameSet, collate, read_structures
 from atomtrain.models import registry
 from atomtrain.models.energy_model import EnergyModel
 from atomtrain.options import LossOptions
 from atomtrain.runtime import keep_freed_memory
+from atomtrain.training.batches import global_counts
 from atomtrain.training.evaluation import predict
-from atomtrain.training.loop import global_counts
 from atomtrain.training.losses import batch_loss
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ def throughput(
     def train_step(chosen: list) -> None:
         batch = collate(chosen, model.cutoff).to(device, dtype)
         predictions = predict(model, batch, True, stress, create_graph=True)
-        counts = global_counts(chosen, list(range(len(chosen))))
+        counts = global_counts(FrameSet.from_structures(chosen), list(range(len(chosen))))
         loss = batch_loss(predictions, batch, LossOptions(), counts)
         optimizer.zero_grad()
         loss.backward(inputs=parameters)

@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 from mace_vs_mace_run_train import BATCH_SIZE, HYPERS
 
-from atomtrain.data import collate, read_structures
+from atomtrain.data import FrameSet, collate, read_structures
 from atomtrain.models import registry
 from atomtrain.options import LossOptions
+from atomtrain.training.batches import global_counts
 from atomtrain.training.evaluation import predict
-from atomtrain.training.loop import global_counts
 from atomtrain.training.losses import batch_loss
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,12 +47,12 @@ def main() -> None:
         seconds: dict[str, float] = defaultdict(float)
         for step in range(arguments.steps + WARM_UP_STEPS):
             chosen = structures[step * size : (step + 1) * size]
+            counts = global_counts(FrameSet.from_structures(chosen), list(range(len(chosen))))
             marks = [time.perf_counter()]
             batch = collate(chosen, model.cutoff).to("cpu", dtype)
             marks.append(time.perf_counter())
             predictions = predict(model, batch, True, False, create_graph=True)
             marks.append(time.perf_counter())
-            counts = global_counts(chosen, list(range(len(chosen))))
             loss = batch_loss(predictions, batch, LossOptions(), counts)
             optimizer.zero_grad()
             loss.backward(inputs=parameters)

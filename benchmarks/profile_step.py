@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from atomtrain.data import collate, read_structures
+from atomtrain.data import FrameSet, collate, read_structures
 from atomtrain.models.soap_bpnn.model import SoapBpnn
 from atomtrain.options import LossOptions
 from atomtrain.runtime import keep_freed_memory
+from atomtrain.training.batches import global_counts
 from atomtrain.training.evaluation import predict
-from atomtrain.training.loop import global_counts
 from atomtrain.training.losses import batch_loss
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +69,7 @@ def main() -> None:
             structures[index % len(structures)]
             for index in range(first, first + arguments.batch_size)
         ]
+        counts = global_counts(FrameSet.from_structures(chosen), list(range(len(chosen))))
         start = time.perf_counter()
         batch = collate(chosen, model.cutoff).to("cpu", torch.float32)
         start = lap("data", start)
@@ -76,7 +77,6 @@ def main() -> None:
         timings["features"] += marks["features"] - start
         timings["networks"] += marks["networks"] - marks["features"]
         start = lap("forces", marks["networks"])
-        counts = global_counts(chosen, list(range(len(chosen))))
         loss = batch_loss(predictions, batch, LossOptions(), counts)
         optimizer.zero_grad()
         loss.backward(inputs=parameters)

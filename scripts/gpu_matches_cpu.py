@@ -16,12 +16,12 @@ import sys
 
 import torch
 
-from atomtrain.data import collate, read_structures
+from atomtrain.data import FrameSet, collate, read_structures
 from atomtrain.models import registry
 from atomtrain.models.energy_model import EnergyModel
 from atomtrain.options import LossOptions
+from atomtrain.training.batches import global_counts
 from atomtrain.training.evaluation import predict
-from atomtrain.training.loop import global_counts
 from atomtrain.training.losses import batch_loss
 
 TOLERANCE = 1e-9  # relative to the largest value of each quantity
@@ -35,7 +35,7 @@ def results_on(model: EnergyModel, structures, device: str) -> dict[str, torch.T
     batch = collate(structures, model.cutoff).to(device, torch.float64)
     stress = batch.stress is not None
     predictions = predict(model, batch, True, stress, create_graph=True)
-    counts = global_counts(structures, list(range(len(structures))))
+    counts = global_counts(FrameSet.from_structures(structures), list(range(len(structures))))
     loss = batch_loss(predictions, batch, LossOptions(), counts)
     parameters = list(model.parameters())
     loss.backward(inputs=parameters)
