@@ -189,6 +189,30 @@ def test_nproc_2_gives_the_single_process_model(tmp_path, reference):
     assert_same_model(final_model(tmp_path / "run"), reference)
 
 
+def test_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp_path):
+    """MACE on a training list of ethanol molecules (extended XYZ) and silicon cells with
+    stress (a converted directory), batches packed by atom count: two processes give the
+    one-process model, and the final table has a row per file."""
+    silicon = tmp_path / "silicon"
+    assert main(["convert", str(RESOURCES / "si_test.xyz"), "-o", str(silicon)]) == 0
+    states = []
+    for extra in ([], ["--nproc", "2"]):
+        path = mace_options(tmp_path, architecture__training__max_atoms_per_batch=120)
+        options = yaml.safe_load(path.read_text())
+        options["training_set"] = [
+            {"systems": {"read_from": str(ETHANOL)}},
+            {"systems": {"read_from": str(silicon)}},
+        ]
+        options["test_set"] = 0.0
+        path.write_text(yaml.safe_dump(options))
+        run = tmp_path / f"run{len(extra)}"
+        run_to_the_end(train_command(path, run, *extra))
+        log = (run / "train.log").read_text()
+        assert "train: silicon" in log and "training batches packed by atom count" in log
+        states.append(final_model(run))
+    assert_same_model(states[1], states[0])
+
+
 def test_stopped_mid_run_resumes_with_two_processes_to_the_same_model(tmp_path, reference):
     run_dir = tmp_path / "run"
     stop_then_resume_with_two(mace_options(tmp_path), run_dir, EPOCHS)

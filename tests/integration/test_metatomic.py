@@ -229,11 +229,12 @@ def ipi_input(directory: Path, address: str, steps: int) -> Path:
     return path
 
 
-def test_ipi_drives_the_model_through_its_metatomic_driver(ethanol, tmp_path):
-    """i-PI runs a short NVE trajectory with the model served by i-PI's metatomic driver
-    over a UNIX socket; its potential energies equal the ASE calculator's at the same
-    positions."""
-    model, _ = ethanol
+@pytest.mark.parametrize("case", ["ethanol", "mace"])
+def test_ipi_drives_the_model_through_its_metatomic_driver(case, request, tmp_path):
+    """i-PI runs a short NVE trajectory with the model (SOAP-BPNN, MACE) served by
+    i-PI's metatomic driver over a UNIX socket; its potential energies equal the ASE
+    calculator's at the same positions."""
+    model, _ = request.getfixturevalue(case)
     address = f"atomtrain-test-{uuid.uuid4().hex[:8]}"
     ipi_input(tmp_path, address, steps=20)
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -48,7 +48,7 @@ def test_a_small_set_is_dealt_by_its_pairs_counted_in_shares():
 
 def test_a_large_set_without_stored_counts_is_dealt_by_atoms(monkeypatch):
     structures = read_structures(RESOURCES / "si_test.xyz")
-    monkeypatch.setattr(work_module, "COUNTED_UP_TO", 10)
+    monkeypatch.setattr(work_module, "COUNTED_UP_TO_ATOMS", 100)
     work = work_module.work(structures, 4.0, TwoRanks(structures[:0], 4.0))
     assert np.array_equal(work, structures.atom_counts)
 
@@ -59,7 +59,7 @@ def test_stored_counts_need_no_neighbor_search(tmp_path, monkeypatch):
     source = RESOURCES / "si_test.xyz"
     assert main(["convert", str(source), "-o", str(tmp_path / "si"), "--cutoff", "4.0"]) == 0
     structures = read_structures(tmp_path / "si")
-    monkeypatch.setattr(work_module, "COUNTED_UP_TO", 10)
+    monkeypatch.setattr(work_module, "COUNTED_UP_TO_ATOMS", 100)
 
     def no_search(*arguments):
         raise AssertionError("a neighbor search despite stored counts")

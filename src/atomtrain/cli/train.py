@@ -6,10 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
-import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -22,17 +19,12 @@ from ..errors import AtomtrainError, OptionsError
 from ..io import check_writable_directory
 from ..models.energy_model import EnergyModel
 from ..options import Options, load_options
-from ..training.checkpoint import load_checkpoint, newest_complete_checkpoint
+from ..training.checkpoint import load_checkpoint
 from ..training.finetune import adopt_pretrained
 from ..training.loop import train
-from ..training.outputs import (
-    LOGGER_NAME,
-    close_logging,
-    new_run_directory,
-    newest_run_directory,
-    setup_logging,
-)
+from ..training.outputs import LOGGER_NAME, close_logging, setup_logging
 from ..training.reports import describe_model
+from ..training.run_directory import discard_unstarted, resume_point
 from ..training.setup import Run, fresh_seed, prepare, training_dtype
 from ..training.stopping import CollectiveError, TrainingStopped
 from .export import check_output_path
@@ -92,80 +84,6 @@ def add_parser(commands) -> None:
         "or after a torchrun restart, it resumes from RUN_DIR's newest complete checkpoint",
     )
     parser.set_defaults(run=run)
-
-
-RUN_MARKERS = ".runs"
-
-
-def elastic_restart(environ) -> bool:
-    """A worker group restarted by torchrun --max-restarts after a failure."""
-    return int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-
-
-def resume_point(arguments: argparse.Namespace, environ) -> tuple[Path, Path | None]:
-    """(run directory, checkpoint to resume from). Rank 0 decides; see README's rule.
-
-    * ``--run-dir DIR``: the run lives in DIR; ``--restart auto`` or an elastic restart
-      resumes from its newest complete checkpoint.
-    * ``--restart auto`` alone: the newest run under ``--outputs``.
-    * ``--restart CKPT``: the run holding CKPT continues.
-    * under torchrun without ``--run-dir``: the directory is recorded under
-      ``outputs/.runs/<TORCHELASTIC_RUN_ID>`` so that a restarted group finds it.
-    """
-    outputs: Path = arguments.outputs
-    restarted = elastic_restart(environ)
-    run_id = environ.get("TORCHELASTIC_RUN_ID")
-    marker = outputs / RUN_MARKERS / run_id if run_id else None
-    directory: Path | None = arguments.run_dir
-    if directory is None and restarted and marker is not None and marker.is_file():
-        directory = Path(marker.read_text().strip())
-    if arguments.restart not in (None, "auto"):
-        checkpoint = Path(arguments.restart)
-        if not checkpoint.is_file():
-            raise AtomtrainError(f"{checkpoint}: checkpoint not found")
-        return (directory or checkpoint.resolve().parent), checkpoint
-    skipped: list[str] = []
-    if directory is not None:
-        directory = directory.resolve()
-        directory.mkdir(parents=True, exist_ok=True)
-        found = newest_complete_checkpoint(directory, skipped)
-        report_skipped(skipped, found)
-        if arguments.restart == "auto" or restarted:
-            if found is None and arguments.restart == "auto":
-                raise AtomtrainError(
-                    f"--restart auto: no complete checkpoint in {directory}; start a new "
-                    "run without --restart"
-                )
-            return directory, found[0] if found else None
-        if found is not None:
-            raise AtomtrainError(
-                f"{directory} already holds a run; add --restart auto to continue it, or "
-                "choose another --run-dir"
-            )
-        return directory, None
-    if arguments.restart == "auto":
-        previous = newest_run_directory(outputs)
-        found = newest_complete_checkpoint(previous, skipped) if previous else None
-        report_skipped(skipped, found)
-        if found is None:
-            raise AtomtrainError(
-                f"--restart auto: no earlier run with a checkpoint under {outputs}/; "
-                "start a new run without --restart"
-            )
-        return previous, found[0]
-    directory = new_run_directory(outputs).resolve()
-    if marker is not None:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(str(directory))
-    return directory, None
-
-
-def report_skipped(skipped: list[str], found: tuple[Path, Any] | None) -> None:
-    """Say which newer checkpoints --restart auto passed over, before logging starts."""
-    if skipped and found is not None:
-        for reason in skipped:
-            print(f"atomtrain: skipping {reason}", file=sys.stderr)
-        print(f"atomtrain: resuming from {found[0]}", file=sys.stderr)
 
 
 def decide_on_rank_0(context, decide):
@@ -240,7 +158,10 @@ def run(arguments: argparse.Namespace) -> int:
     try:
         with context.guard():
             directory, checkpoint = decide_on_rank_0(
-                context, lambda: resume_point(arguments, os.environ)
+                context,
+                lambda: resume_point(
+                    arguments.outputs, arguments.run_dir, arguments.restart, os.environ
+                ),
             )
         if context.is_main:
             if checkpoint is None and not any(directory.iterdir()):
@@ -286,21 +207,6 @@ def run(arguments: argparse.Namespace) -> int:
             except Exception:
                 logger.debug("error while leaving the process group", exc_info=True)
         close_logging()
-
-
-def discard_unstarted(directory: Path | None, outputs: Path) -> None:
-    """Remove the directory of a run that failed on bad input before it trained: what it
-    holds (a log, the options) describes a run that never was, and an empty date
-    directory above it goes too. A directory with a checkpoint or logged epochs stays."""
-    if directory is None or any(directory.glob("*.ckpt")) or (directory / "train.csv").exists():
-        return
-    close_logging()
-    shutil.rmtree(directory, ignore_errors=True)
-    if directory.parent.parent == outputs.resolve():
-        try:
-            directory.parent.rmdir()  # outputs/DATE when this was its only run
-        except OSError:
-            pass
 
 
 def log_rank_map(context) -> None:

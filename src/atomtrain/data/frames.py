@@ -29,7 +29,12 @@ CHUNK = 65_536
 class NeighborCache:
     """Neighbor lists kept between epochs, up to a memory budget per process. A small
     data set is computed once; beyond the budget, lists are computed again for each
-    batch (off the critical path when ``num_workers`` build batches ahead)."""
+    batch (off the critical path when ``num_workers`` build batches ahead).
+
+    Memory-mapped sources are not cached unless ``ATOMTRAIN_NEIGHBOR_CACHE_MB`` is set:
+    their memory must not grow with the data (a 64-atom periodic cell's lists weigh
+    some 27 kB), and a batch's lists cost 5-10 % of a step on a CPU
+    (docs/performance.md, "Large data sets")."""
 
     def __init__(self, budget_bytes: int):
         self.budget = budget_bytes
@@ -46,6 +51,11 @@ class NeighborCache:
 def default_cache_budget() -> int:
     megabytes = os.environ.get("ATOMTRAIN_NEIGHBOR_CACHE_MB", "1024")
     return int(float(megabytes) * 2**20)
+
+
+def cache_mapped_sources() -> bool:
+    """Whether memory-mapped sources keep their lists too: only when asked."""
+    return "ATOMTRAIN_NEIGHBOR_CACHE_MB" in os.environ
 
 
 NEIGHBOR_CACHE = NeighborCache(default_cache_budget())
@@ -77,6 +87,7 @@ class Frames:
     energy_unit: float = 1.0
     # neighbor pairs (full list) per structure, by cutoff, as atomtrain convert stored them
     stored_pairs: dict[float, np.ndarray] = field(default_factory=dict)
+    cache_neighbors: bool = True  # keep neighbor lists between epochs (NeighborCache)
     neighbor_lists: dict[tuple[float, int], NeighborList] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -109,7 +120,7 @@ class Frames:
             cached = compute_neighbor_list(
                 self.positions_of(index), self.cell_of(index), self.pbc[index], cutoff
             )
-            if NEIGHBOR_CACHE.admit(cached):
+            if self.cache_neighbors and NEIGHBOR_CACHE.admit(cached):
                 self.neighbor_lists[key] = cached
         return cached
 

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import DataError
 from .convert import check_manifest
 from .extxyz import FrameReader, TargetKeys, Units
-from .frames import Frames, FrameSet
+from .frames import Frames, FrameSet, cache_mapped_sources
 
 REQUIRED = ("ns.npy", "na.npy", "x.bin", "a.bin")
 PAIRS_PREFIX = "atomtrain_pairs_"  # + repr(cutoff) + ".bin", see convert.pairs_file
@@ -152,6 +152,7 @@ def read_directory(path: Path, keys: TargetKeys, units: Units) -> FrameSet:
         length=reader.length,
         energy_unit=reader.energy,
         stored_pairs=data.pair_counts,
+        cache_neighbors=cache_mapped_sources(),
     )
     if not reader.checked:
         check_frames(frames, reader, keys)

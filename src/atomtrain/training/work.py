@@ -18,10 +18,11 @@ from .outputs import LOGGER_NAME
 
 logger = logging.getLogger(LOGGER_NAME)
 
-# Counting pairs costs a neighbor search per structure (30 to 40 us for a small
-# molecule): 2 s per process for this many structures on two processes, 15 s for a
-# million, where dealing by atom counts costs nothing (docs/performance.md).
-COUNTED_UP_TO = 100_000
+# Counting pairs costs a neighbor search per structure, about in proportion to its
+# atoms (40 us for ethanol, 130 us for a 64-atom cell at 5 A): 2-3 s per process on two
+# processes up to this many atoms, 15-20 s for a million molecules or 100,000 cells,
+# where dealing by atom counts costs nothing (docs/performance.md, "Large data sets").
+COUNTED_UP_TO_ATOMS = 2_000_000
 
 
 def pair_counts(structures: FrameSet, cutoff: float, context: Context) -> np.ndarray:
@@ -44,14 +45,14 @@ def pair_counts(structures: FrameSet, cutoff: float, context: Context) -> np.nda
 def work(structures: FrameSet, cutoff: float, context: Context) -> np.ndarray | None:
     """Each structure's share of a step's time, for dealing batches to several ranks:
     its neighbor pairs, which predict it better than atoms (within 4 % against 8 % on
-    tio2), where they are stored or the set is small enough to count them; else its
-    atoms. None with one rank, which deals nothing."""
+    tio2), where they are stored or the set is small enough to count them quickly;
+    else its atoms. None with one rank, which deals nothing."""
     if context.world_size == 1:
         return None
     stored = structures.pair_counts.get(cutoff)
     if stored is None:
         stored = structures.stored_pair_counts(cutoff)
-    if stored is None and len(structures) > COUNTED_UP_TO:
+    if stored is None and int(structures.atom_counts.sum()) > COUNTED_UP_TO_ATOMS:
         logger.info(
             f"dealing batches to the processes by atom counts: {len(structures)} structures "
             f"have no stored neighbor-pair counts for the cutoff {cutoff:g} A, and counting "
