@@ -44,13 +44,15 @@ def options(directory: Path, data: Path) -> Path:
     options["validation_set"] = 0.05
     options["test_set"] = 0.05
     options["architecture"]["training"]["num_epochs"] = 1
+    # the example's loss mapping (type, weights) is atomtrain's form; both take the default
+    del options["architecture"]["training"]["loss"]
     path = directory / "options.yaml"
     path.write_text(yaml.safe_dump(options))
     return path
 
 
-def measure(tool: str, data: Path, timeout: float) -> tuple[float | None, float]:
-    """(seconds to the mark or None, peak RSS in MB)."""
+def measure(tool: str, data: Path, timeout: float) -> tuple[float | None, float, str]:
+    """(seconds to the mark or None, peak RSS in MB, the last line printed)."""
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
         path = options(directory, data)
@@ -72,14 +74,18 @@ def measure(tool: str, data: Path, timeout: float) -> tuple[float | None, float]
         timer = threading.Timer(timeout, os.killpg, (process.pid, signal.SIGKILL))
         timer.start()
         reached = None
+        last = ""
         for line in process.stdout:  # type: ignore[union-attr]
+            last = line.strip() or last
             if MARKS[tool].search(line):
                 reached = time.perf_counter() - start
                 os.killpg(process.pid, signal.SIGKILL)
                 break
         timer.cancel()
-        _, _, usage = os.wait4(process.pid, 0)
-        return reached, usage.ru_maxrss / 1024
+        _, status, usage = os.wait4(process.pid, 0)
+        if reached is None and os.waitstatus_to_exitcode(status) > 0:
+            sys.exit(f"{tool} failed: {last}")
+        return reached, usage.ru_maxrss / 1024, last
 
 
 def main() -> None:
@@ -93,11 +99,11 @@ def main() -> None:
     print("|---|---|---|---|")
     for data in arguments.directories:
         for tool in ("metatrain", "atomtrain"):
-            seconds, peak = measure(tool, data.resolve(), arguments.timeout)
+            seconds, peak, last = measure(tool, data.resolve(), arguments.timeout)
             reached = (
                 f"{seconds:.1f} s"
                 if seconds is not None
-                else f"not within {arguments.timeout:.0f} s"
+                else f"not within {arguments.timeout:.0f} s (last line: {last[-80:]})"
             )
             print(f"| {data.name} | {tool} | {reached} | {peak:.0f} MB |", flush=True)
 
