@@ -112,6 +112,10 @@ class MaceModel(EnergyModel):
         if mirrored:
             vectors = torch.cat([vectors, -vectors])
         n_atoms = element_index.shape[0]
+        if n_atoms == 0:
+            # a rank's empty share of a global batch: mace-torch cannot reshape nothing;
+            # no energy, still tied to the positions for the force derivative
+            return vectors.new_zeros(0) + vectors.sum() * 0.0
         device = vectors.device
         data = {
             "positions": torch.zeros((n_atoms, 3), dtype=dtype, device=device),
