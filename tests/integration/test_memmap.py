@@ -3,7 +3,6 @@ docs describe, trains and evaluates like the same data in an extended XYZ file."
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -18,7 +17,7 @@ from atomtrain.cli.main import main
 from atomtrain.data import read_structures
 
 from conftest import RESOURCES
-from helpers import checkpoint_weights, write_options
+from helpers import checkpoint_weights, environment, write_options
 
 
 def write_memmap(directory, frames, ns_shape=(), stress=False):
@@ -142,6 +141,15 @@ def test_a_broken_directory_is_named_in_one_line(tmp_path, capsys, case, fragmen
         assert fragment in error, (fragment, error)
 
 
+def train_in_a_process(options, run, extra: list[str]) -> None:
+    """``atomtrain train`` in a fresh process (``extra``: e.g. --nproc 2), to its end."""
+    command = [sys.executable, "-m", "atomtrain", "train", str(options), "--run-dir", str(run)]
+    result = subprocess.run(
+        [*command, *extra], env=environment(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_nproc_2_on_a_directory_gives_the_single_process_model(tmp_path):
     frames = ase.io.read(RESOURCES / "si_test.xyz", ":12")
     directory = write_memmap(tmp_path / "silicon", frames, stress=True)
@@ -151,16 +159,7 @@ def test_nproc_2_on_a_directory_gives_the_single_process_model(tmp_path):
         options = write_options(
             tmp_path, directory, architecture__training__batch_size=4, test_set=0.0
         )
-        command = [sys.executable, "-m", "atomtrain", "train", str(options), "--run-dir", str(run)]
-        environment = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "TORCHELASTIC"))
-        }
-        result = subprocess.run(
-            [*command, *extra], env=environment, capture_output=True, text=True, timeout=300
-        )
-        assert result.returncode == 0, result.stderr
+        train_in_a_process(options, run, extra)
         states.append(torch.load(run / "last.ckpt", weights_only=True)["model_state"])
     for name, value in states[0].items():
         torch.testing.assert_close(states[1][name], value, rtol=1e-8, atol=1e-10)
@@ -187,16 +186,7 @@ def test_one_list_of_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp
         ]
         options["architecture"]["training"]["max_atoms_per_batch"] = 150
         path.write_text(yaml.safe_dump(options))
-        command = [sys.executable, "-m", "atomtrain", "train", str(path), "--run-dir", str(run)]
-        environment = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "TORCHELASTIC"))
-        }
-        result = subprocess.run(
-            [*command, *extra], env=environment, capture_output=True, text=True, timeout=300
-        )
-        assert result.returncode == 0, result.stderr
+        train_in_a_process(path, run, extra)
         log = (run / "train.log").read_text()
         assert "train: ethanol_40.xyz" in log and "train: silicon" in log
         assert "training batches packed by atom count" in log
