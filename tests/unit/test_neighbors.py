@@ -93,3 +93,14 @@ def test_a_structure_keeps_each_pair_once_in_32_bits():
     assert first.shape[0] == nl.n_pairs == 2 * half and first.dtype == torch.int64
     assert torch.equal(first[half:], second[:half]) and torch.equal(second[half:], first[:half])
     assert torch.equal(shifts[half:], -shifts[:half])
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "nan"])
+def test_a_bad_cache_size_is_named_in_one_line(monkeypatch, value):
+    from atomtrain.errors import OptionsError
+
+    monkeypatch.setenv("ATOMTRAIN_NEIGHBOR_CACHE_MB", value)
+    with pytest.raises(OptionsError, match=f"ATOMTRAIN_NEIGHBOR_CACHE_MB={value}: give"):
+        frames_module.budget_from_environment()
+    monkeypatch.setenv("ATOMTRAIN_NEIGHBOR_CACHE_MB", "2")
+    assert frames_module.budget_from_environment() == 2 * 2**20

@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..errors import OptionsError
 from .batch import Batch
 from .neighbors import compute_neighbor_list
 from .system import NeighborList, Structure
 
 # structures per chunk when a statistic streams over a set: a few MB of arrays at a time
 CHUNK = 65_536
+CACHE_VARIABLE = "ATOMTRAIN_NEIGHBOR_CACHE_MB"
 
 
 class NeighborCache:
@@ -36,9 +38,21 @@ class NeighborCache:
     some 27 kB), and a batch's lists cost 5-10 % of a step on a CPU
     (docs/performance.md, "Large data sets")."""
 
-    def __init__(self, budget_bytes: int):
-        self.budget = budget_bytes
+    def __init__(self):
         self.used = 0
+        self._budget: int | None = None
+
+    @property
+    def budget(self) -> int:
+        """Bytes, read from the environment on first use (a bad value is then named in
+        one line, not a traceback at import)."""
+        if self._budget is None:
+            self._budget = budget_from_environment()
+        return self._budget
+
+    @budget.setter
+    def budget(self, value: int) -> None:
+        self._budget = value
 
     def admit(self, neighbors: NeighborList) -> bool:
         size = 20 * int(neighbors.first.shape[0]) + 400  # three int32 tensors and their objects
@@ -48,17 +62,31 @@ class NeighborCache:
         return True
 
 
-def default_cache_budget() -> int:
-    megabytes = os.environ.get("ATOMTRAIN_NEIGHBOR_CACHE_MB", "1024")
-    return int(float(megabytes) * 2**20)
+def budget_from_environment() -> int:
+    text = os.environ.get(CACHE_VARIABLE, "1024")
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = -1.0
+    if not megabytes >= 0:
+        raise OptionsError(
+            f"{CACHE_VARIABLE}={text}: give the neighbor-list cache's size in megabytes per "
+            "process (0 keeps none)"
+        )
+    return int(megabytes * 2**20)
+
+
+def check_cache_setting() -> None:
+    """Name a bad cache size before a run starts rather than at its first batch."""
+    NEIGHBOR_CACHE.budget  # noqa: B018 (read for its check)
 
 
 def cache_mapped_sources() -> bool:
     """Whether memory-mapped sources keep their lists too: only when asked."""
-    return "ATOMTRAIN_NEIGHBOR_CACHE_MB" in os.environ
+    return CACHE_VARIABLE in os.environ
 
 
-NEIGHBOR_CACHE = NeighborCache(default_cache_budget())
+NEIGHBOR_CACHE = NeighborCache()
 
 
 @dataclass

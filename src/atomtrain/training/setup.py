@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..data.frames import FrameSet
+from ..data.frames import FrameSet, check_cache_setting
 from ..data.sampler import BatchPlan, pack_once
 from ..distributed import Context
 from ..errors import DataError, OptionsError
@@ -148,6 +148,7 @@ def prepare(
     resumed, a model being fine-tuned, or anew with its fitted baseline) and deal the
     batches. Collective over ``context`` (the baseline is fitted from every rank's
     share)."""
+    check_cache_setting()
     datasets = load_datasets(options, seed)
     logger.info(describe_data(datasets))
     training = datasets.training
