@@ -68,3 +68,13 @@ def test_stored_counts_need_no_neighbor_search(tmp_path, monkeypatch):
     work = work_module.work(structures, 4.0, TwoRanks(structures[:0], 4.0))
     monkeypatch.undo()
     assert work.tolist() == counted(read_structures(source), 4.0)
+
+
+def test_the_choice_is_kept_on_the_set_for_the_next_validation(monkeypatch, caplog):
+    structures = read_structures(RESOURCES / "si_test.xyz")
+    monkeypatch.setattr(work_module, "COUNTED_UP_TO_ATOMS", 10)
+    with caplog.at_level("INFO", logger="atomtrain"):
+        first = work_module.work(structures, 4.0, TwoRanks(structures[:0], 4.0))
+        again = work_module.work(structures, 4.0, TwoRanks(structures[:0], 4.0))
+    assert again is first
+    assert sum("by atom counts" in record.message for record in caplog.records) == 1

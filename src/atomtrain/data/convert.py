@@ -62,8 +62,12 @@ class Layout:
     cutoffs: tuple[float, ...] = ()
 
 
+PAIRS_PREFIX = "atomtrain_pairs_"
+
+
 def pairs_file(cutoff: float) -> str:
-    return f"atomtrain_pairs_{float(cutoff)!r}.bin"
+    """The file of the pair counts for ``cutoff``: the prefix, repr(cutoff), .bin."""
+    return f"{PAIRS_PREFIX}{float(cutoff)!r}.bin"
 
 
 @dataclass

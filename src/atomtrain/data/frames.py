@@ -50,10 +50,6 @@ class NeighborCache:
             self._budget = budget_from_environment()
         return self._budget
 
-    @budget.setter
-    def budget(self, value: int) -> None:
-        self._budget = value
-
     def admit(self, neighbors: NeighborList) -> bool:
         size = 20 * int(neighbors.first.shape[0]) + 400  # three int32 tensors and their objects
         if self.used + size > self.budget:
@@ -234,7 +230,9 @@ class FrameSet(Sequence):
         self.parts = parts
         self.part = part.astype(np.int32)  # [n] which of parts
         self.index = index.astype(np.int64)  # [n] structure within it
+        # by cutoff: neighbor pairs counted at the start, and what batches are dealt by
         self.pair_counts: dict[float, np.ndarray] = {}
+        self.work: dict[float, np.ndarray] = {}
 
     @classmethod
     def whole(cls, frames: Frames) -> FrameSet:

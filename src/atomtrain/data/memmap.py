@@ -19,12 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .convert import check_manifest
+from .convert import PAIRS_PREFIX, check_manifest
 from .extxyz import FrameReader, TargetKeys, Units
 from .frames import Frames, FrameSet, cache_mapped_sources
 
 REQUIRED = ("ns.npy", "na.npy", "x.bin", "a.bin")
-PAIRS_PREFIX = "atomtrain_pairs_"  # + repr(cutoff) + ".bin", see convert.pairs_file
 
 
 class MemmapDirectory:

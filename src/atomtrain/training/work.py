@@ -29,9 +29,7 @@ def pair_counts(structures: FrameSet, cutoff: float, context: Context) -> np.nda
     """Pairs of the full neighbor list within ``cutoff`` (each pair in both orders) of
     every structure of ``structures``: stored with the data, or counted (kept on the set
     for the next call). Collective unless stored."""
-    cached = structures.pair_counts.get(cutoff)
-    if cached is None:
-        cached = structures.stored_pair_counts(cutoff)
+    cached = known_pair_counts(structures, cutoff)
     if cached is None:
         counts = torch.zeros(len(structures), dtype=torch.int64)
         for position in shard(list(range(len(structures))), context.rank, context.world_size):
@@ -42,22 +40,35 @@ def pair_counts(structures: FrameSet, cutoff: float, context: Context) -> np.nda
     return cached
 
 
+def known_pair_counts(structures: FrameSet, cutoff: float) -> np.ndarray | None:
+    """The pair counts counted earlier on this set or stored with its data, else None."""
+    counted = structures.pair_counts.get(cutoff)
+    return counted if counted is not None else structures.stored_pair_counts(cutoff)
+
+
 def work(structures: FrameSet, cutoff: float, context: Context) -> np.ndarray | None:
     """Each structure's share of a step's time, for dealing batches to several ranks:
     its neighbor pairs, which predict it better than atoms (within 4 % against 8 % on
     tio2), where they are stored or the set is small enough to count them quickly;
-    else its atoms. None with one rank, which deals nothing."""
+    else its atoms. Kept on the set: validation asks at every epoch. None with one
+    rank, which deals nothing."""
     if context.world_size == 1:
         return None
-    stored = structures.pair_counts.get(cutoff)
-    if stored is None:
-        stored = structures.stored_pair_counts(cutoff)
-    if stored is None and int(structures.atom_counts.sum()) > COUNTED_UP_TO_ATOMS:
+    chosen = structures.work.get(cutoff)
+    if chosen is not None:
+        return chosen
+    if (
+        known_pair_counts(structures, cutoff) is None
+        and int(structures.atom_counts.sum()) > COUNTED_UP_TO_ATOMS
+    ):
         logger.info(
             f"dealing batches to the processes by atom counts: {len(structures)} structures "
             f"have no stored neighbor-pair counts for the cutoff {cutoff:g} A, and counting "
             f"them takes a neighbor search each (atomtrain convert --cutoff {cutoff:g} "
             "stores them)"
         )
-        return structures.atom_counts
-    return np.maximum(pair_counts(structures, cutoff, context), 1)
+        chosen = structures.atom_counts
+    else:
+        chosen = np.maximum(pair_counts(structures, cutoff, context), 1)
+    structures.work[cutoff] = chosen
+    return chosen
