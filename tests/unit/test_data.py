@@ -213,3 +213,31 @@ def test_atoms_closer_than_a_bond_train_with_a_note_and_on_top_of_each_other_are
     ase.io.write(tmp_path / "overlap.xyz", frames)
     with pytest.raises(DataError, match=r"overlap.xyz, frame 1: atoms 3 and 7 are 0 A apart"):
         read_structures(tmp_path / "overlap.xyz")
+
+
+def test_a_share_read_by_chunk_offsets_is_the_files_frames(tmp_path):
+    """Conversion reads each process's share of an extended XYZ file from byte offsets
+    the survey found (every 64th frame): any share, across chunk boundaries, gives the
+    frames ASE reads; a blank line inside the file is named by frame."""
+    from atomtrain.data.convert import survey
+    from atomtrain.data.extxyz import FRAMES_PER_CHUNK, iterate_frames
+
+    frames = ase.io.read(EXAMPLES / "silicon" / "si_train.xyz", ":150")
+    path = tmp_path / "si.xyz"
+    ase.io.write(path, frames)
+    count, _, offsets = survey(path)
+    assert count == 150 and len(offsets) == -(-150 // FRAMES_PER_CHUNK) + 1
+    for start, stop in [(0, 150), (0, 64), (63, 65), (64, 128), (70, 150), (149, 150)]:
+        read = list(iterate_frames(path, start, stop, offsets))
+        assert len(read) == stop - start
+        for atoms, expected in zip(read, frames[start:stop]):
+            np.testing.assert_array_equal(atoms.positions, expected.positions)
+            np.testing.assert_array_equal(atoms.get_forces(), expected.get_forces())
+            assert atoms.get_potential_energy() == expected.get_potential_energy()
+    lines = path.read_text().splitlines(keepends=True)
+    before = sum(len(atoms) + 2 for atoms in frames[:70])
+    blank = tmp_path / "blank.xyz"
+    blank.write_text("".join(lines[:before] + ["\n"] + lines[before:]))
+    count, _, offsets = survey(blank)
+    with pytest.raises(DataError, match="blank.xyz, frame 70: .*blank line"):
+        list(iterate_frames(blank, 0, count, offsets))

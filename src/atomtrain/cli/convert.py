@@ -109,14 +109,14 @@ def convert_as_ranks(sources: list[Source], output: Path, layout: Layout, launch
             setup = None
             if context.is_main:
                 staging = start_output(output)
-                setup = (staging, *plan(sources, context.world_size))
-            staging, records, wanted, shares = context.broadcast_object(setup)
+                setup = (staging, plan(sources, context.world_size))
+            staging, survey_plan = context.broadcast_object(setup)
             directory = staging / f"part-{context.rank}"
-            part = convert_shares(sources, wanted, shares[context.rank], directory, layout)
+            part = convert_shares(sources, survey_plan, context.rank, directory, layout)
             parts = context.all_gather_objects(part)
-            total = sum(record["frames"] for record in records)
+            total = sum(record["frames"] for record in survey_plan.records)
             if context.is_main:
-                total = finish_output(parts, staging, output, layout, records)
+                total = finish_output(parts, staging, output, layout, survey_plan.records)
     except BaseException as error:
         if context.is_main and staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import DataError, OptionsError
 from ..io import output_errors, process_umask
 from .extxyz import (
+    FRAMES_PER_CHUNK,
     FrameReader,
     TargetKeys,
     Units,
@@ -150,6 +151,18 @@ class Share:
 
 
 @dataclass
+class Plan:
+    """What every process needs to convert its share, found by one pass over the
+    sources: their manifest records (path, frames, SHA-256), the targets read from each,
+    each extended XYZ file's chunk offsets (None for other formats) and the shares."""
+
+    records: list[dict]
+    wanted: list[tuple[bool, bool]]
+    chunk_offsets: list[np.ndarray | None]
+    shares: list[list[Share]]
+
+
+@dataclass
 class Part:
     """What one process wrote: its files, atom counts and which targets it saw."""
 
@@ -167,10 +180,10 @@ def convert(
     staging = start_output(output)
     with output_errors(output, "data directory"):
         try:
-            records, wanted, shares = plan(sources, processes)
+            survey_plan = plan(sources, processes)
             jobs = [
-                (sources, wanted, mine, staging / f"part-{number}", layout)
-                for number, mine in enumerate(shares)
+                (sources, survey_plan, number, staging / f"part-{number}", layout)
+                for number in range(processes)
             ]
             if processes == 1:
                 parts = [convert_shares(*jobs[0])]
@@ -179,7 +192,7 @@ def convert(
                 context = multiprocessing.get_context("spawn")
                 with context.Pool(processes) as pool:
                     parts = pool.starmap(convert_shares, jobs)
-            return finish_output(parts, staging, output, layout, records)
+            return finish_output(parts, staging, output, layout, survey_plan.records)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -194,17 +207,19 @@ def start_output(output: Path) -> Path:
         return Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.partial-"))
 
 
-def plan(
-    sources: list[Source], processes: int
-) -> tuple[list[dict], list[tuple[bool, bool]], list[list[Share]]]:
-    """Each source's record for the manifest (path, frames, SHA-256), the targets read
-    from each, and each process's shares of the frames."""
+def plan(sources: list[Source], processes: int) -> Plan:
+    """Survey the sources and share their frames among ``processes``."""
+    surveys = [survey(source.path) for source in sources]
     records = [
-        dict(zip(("path", "frames", "sha256"), (str(source.path), *survey(source.path))))
-        for source in sources
+        {"path": str(source.path), "frames": frames, "sha256": digest}
+        for source, (frames, digest, _) in zip(sources, surveys)
     ]
-    wanted = [first_frame_targets(source) for source in sources]
-    return records, wanted, split_frames([record["frames"] for record in records], processes)
+    return Plan(
+        records=records,
+        wanted=[first_frame_targets(source) for source in sources],
+        chunk_offsets=[offsets for _, _, offsets in surveys],
+        shares=split_frames([record["frames"] for record in records], processes),
+    )
 
 
 def finish_output(
@@ -248,20 +263,18 @@ def first_frame_targets(source: Source) -> tuple[bool, bool]:
 
 
 def convert_shares(
-    sources: list[Source],
-    wanted: list[tuple[bool, bool]],
-    shares: list[Share],
-    directory: Path,
-    layout: Layout,
+    sources: list[Source], survey_plan: Plan, rank: int, directory: Path, layout: Layout
 ) -> Part:
+    """Convert process ``rank``'s shares of the frames into the part ``directory``."""
     directory.mkdir()
     converter = Converter(directory, layout)
-    for share in shares:
+    for share in survey_plan.shares[rank]:
         source = sources[share.source]
         reader = FrameReader(source.path, source.keys, source.units)
-        frames = iterate_frames(source.path, share.start, share.stop)
+        offsets = survey_plan.chunk_offsets[share.source]
+        frames = iterate_frames(source.path, share.start, share.stop, offsets)
         for index, atoms in enumerate(frames, start=share.start):
-            converter.add(reader.structure(index, atoms, *wanted[share.source]))
+            converter.add(reader.structure(index, atoms, *survey_plan.wanted[share.source]))
         reader.report_close_pairs()
     converter.files.close()
     return Part(directory, converter.atom_counts, converter.with_target)
@@ -307,20 +320,28 @@ def join_parts(parts: list[Part], directory: Path, layout: Layout, sources: list
     return len(atom_counts)
 
 
-def survey(path: Path) -> tuple[int, str]:
-    """How many frames ``path`` holds, and its SHA-256: for extended XYZ in one pass over
-    the bytes, skipping lines (no parsing); else by reading the frames one at a time."""
+def survey(path: Path) -> tuple[int, str, np.ndarray | None]:
+    """How many frames ``path`` holds, its SHA-256 and, for extended XYZ, the byte
+    offset of every FRAMES_PER_CHUNK-th frame and of the end (see extxyz_chunks): in one
+    pass over the bytes, skipping lines (no parsing). Other formats are read one frame at
+    a time and have no offsets."""
     if not path.exists():
         raise DataError(f"{path}: data file not found; check the path")
     if file_format(path) != "extxyz":
-        return sum(1 for _ in iterate_frames(path)), sha256(path)
+        return sum(1 for _ in iterate_frames(path)), sha256(path), None
     count = 0
     digest = hashlib.sha256()
+    offsets: list[int] = []
+    position = 0
     with open(path, "rb") as stream:
         for line in stream:
             digest.update(line)
             if not line.strip():
+                position += len(line)
                 continue
+            if count % FRAMES_PER_CHUNK == 0:
+                offsets.append(position)
+            position += len(line)
             try:
                 n_atoms = int(line)
             except ValueError as error:
@@ -329,11 +350,13 @@ def survey(path: Path) -> tuple[int, str]:
                     f"{line[:40]!r}"
                 ) from error
             for _ in range(n_atoms + 1):
-                digest.update(next(stream, b""))
+                line = next(stream, b"")
+                digest.update(line)
+                position += len(line)
             count += 1
     if count == 0:
         raise DataError(f"{path}: the file holds no structure")
-    return count, digest.hexdigest()
+    return count, digest.hexdigest(), np.array([*offsets, position], dtype=np.int64)
 
 
 def sha256(path: Path) -> str:

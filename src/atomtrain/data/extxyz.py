@@ -3,6 +3,7 @@ and forces: trajectories, databases, VASP output, ...), with configurable keys a
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import ase
 import ase.io
+import ase.io.extxyz
 import ase.io.formats
 import ase.units
 import numpy as np
@@ -28,21 +30,27 @@ logger = logging.getLogger(__name__)
 # high-energy collisions, and worth a note.
 MINIMUM_DISTANCE = 0.1
 SUSPECT_DISTANCE = 0.5
+# vesin bins space into cells of the search radius: at 0.5 A a 64-atom periodic cell
+# has thousands of empty bins (0.5 ms per frame, as long as reading it); at 2 A it takes
+# 0.1 ms and still finds few pairs, which are then filtered by distance.
+SEARCH_RADIUS = 2.0
 
 
 def close_pairs(
     positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first, second, distance) of the pairs of atoms closer than ``cutoff``."""
-    calculator = vesin.NeighborList(cutoff=cutoff, full_list=False)
+    calculator = vesin.NeighborList(cutoff=max(cutoff, SEARCH_RADIUS), full_list=False)
     box = cell if bool(np.any(pbc)) else np.zeros((3, 3))
-    return calculator.compute(
+    first, second, distances = calculator.compute(
         points=positions,
         box=np.ascontiguousarray(box),
         periodic=[bool(p) for p in pbc],
         quantities="ijd",
         copy=True,
     )
+    close = distances < cutoff
+    return first[close], second[close], distances[close]
 
 
 @dataclass(frozen=True)
@@ -291,14 +299,22 @@ def targets_wanted(first: ase.Atoms, keys: TargetKeys) -> tuple[bool, bool]:
     return forces, stress
 
 
-def iterate_frames(path: Path, start: int = 0, stop: int | None = None) -> Iterator[ase.Atoms]:
+def iterate_frames(
+    path: Path, start: int = 0, stop: int | None = None, chunk_offsets: np.ndarray | None = None
+) -> Iterator[ase.Atoms]:
     """Frames ``start`` to ``stop`` of ``path`` one at a time (constant memory), with
-    read_frames' errors."""
+    read_frames' errors. ``chunk_offsets``: an extended XYZ file's chunk offsets (see
+    :func:`extxyz_chunks`), which let a share of the file be read without scanning what
+    comes before it; ``stop`` is then required."""
     if not path.exists():
         raise DataError(f"{path}: data file not found; check the path")
     kind = file_format(path)
     described = "extended XYZ" if kind == "extxyz" else f"ASE format '{kind}'"
-    frames = ase.io.iread(path, index=slice(start, stop), format=kind)
+    if chunk_offsets is None:
+        frames = ase.io.iread(path, index=slice(start, stop), format=kind)
+    else:
+        assert stop is not None, "reading by chunk offsets needs the last frame"
+        frames = extxyz_chunks(path, start, stop, chunk_offsets)
     index = start
     while True:
         try:
@@ -314,3 +330,32 @@ def iterate_frames(path: Path, start: int = 0, stop: int | None = None) -> Itera
         index += 1
     if index == 0 and start == 0:
         raise DataError(f"{path}: the file holds no structure")
+
+
+# A survey of an extended XYZ file records the byte offset of every FRAMES_PER_CHUNK-th
+# frame: 8 bytes per 64 frames, and a share of the file parses at most 63 frames it
+# does not keep at each end.
+FRAMES_PER_CHUNK = 64
+
+
+def extxyz_chunks(
+    path: Path, start: int, stop: int, chunk_offsets: np.ndarray
+) -> Iterator[ase.Atoms]:
+    """Frames ``start`` to ``stop`` of an extended XYZ file, one chunk of frames read and
+    parsed at a time. ``chunk_offsets[k]`` is the byte offset of frame k *
+    FRAMES_PER_CHUNK, its last entry the end of the last frame. ASE's own reader would
+    index every frame before ``stop`` first (a readline and a tell() per line), so the
+    process converting the end of a file would scan all of it."""
+    with open(path, "rb") as stream:
+        for chunk in range(start // FRAMES_PER_CHUNK, -(-stop // FRAMES_PER_CHUNK)):
+            first = chunk * FRAMES_PER_CHUNK
+            stream.seek(int(chunk_offsets[chunk]))
+            size = int(chunk_offsets[chunk + 1] - chunk_offsets[chunk])
+            text = io.StringIO(stream.read(size).decode())
+            wanted = slice(max(start - first, 0), min(stop - first, FRAMES_PER_CHUNK))
+            count = 0
+            for atoms in ase.io.extxyz.read_xyz(text, index=wanted):
+                count += 1
+                yield atoms
+            if count < wanted.stop - wanted.start:
+                raise ValueError("a blank line between frames ends the file early; remove it")
