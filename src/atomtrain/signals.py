@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import signal
 
+# exit code of a command stopped by a stop signal: a run after writing its checkpoint
+# (resume it), a conversion after removing what it had written (run it again)
+EXIT_STOPPED = 75
+
 # the scheduler's (SIGTERM, SIGUSR1), Ctrl-C, and a closed terminal
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 # A stop signal repeated within this many seconds is the same request delivered twice:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from pathlib import Path
 
 import ase.io
 import numpy as np
@@ -172,33 +174,141 @@ def test_two_processes_write_the_bytes_of_one(tmp_path):
     assert structures.stored_pair_counts(5.0) is None
 
 
-def test_a_killed_conversion_leaves_no_directory_that_looks_complete(tmp_path):
-    import signal
+@pytest.fixture(scope="module")
+def big_file(tmp_path_factory):
+    """12,000 molecules: long enough (a few seconds) to be interrupted mid-way."""
+    path = tmp_path_factory.mktemp("big") / "big.xyz"
+    ase.io.write(path, ase.io.read(RESOURCES / "ethanol_40.xyz", ":") * 300)
+    return path
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def start_conversion(source: Path, output: Path, processes: int):
+    """A conversion in its own process, returned once every worker writes its part."""
     import subprocess
     import sys
     import time
 
-    frames = ase.io.read(RESOURCES / "ethanol_40.xyz", ":")
-    ase.io.write(tmp_path / "big.xyz", frames * 100)
     process = subprocess.Popen(
-        [sys.executable, "-m", "atomtrain", "convert", str(tmp_path / "big.xyz")]
-        + ["-o", str(tmp_path / "out")],
+        [sys.executable, "-m", "atomtrain", "convert", str(source), "-o", str(output)]
+        + ["--nproc", str(processes)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
-    written = []
-    while not written and time.monotonic() < deadline and process.poll() is None:
-        written = [f for f in tmp_path.glob(".out.partial-*/part-0/x.bin") if f.stat().st_size]
+    pattern = f".{output.name}.partial-*/part-*/x.bin"
+    while time.monotonic() < deadline and process.poll() is None:
+        written = [f for f in output.parent.glob(pattern) if f.stat().st_size]
+        if len(written) == processes:
+            return process
         time.sleep(0.01)
-    assert written, "the conversion never started writing"
+    raise AssertionError("the conversion never started writing")
+
+
+def wait_until_gone(pids: list[int], seconds: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_killed_conversion_leaves_no_directory_that_looks_complete(tmp_path, big_file, processes):
+    """SIGKILL gives no time to clean up: the staging directory stays, hidden and
+    named partial, and the workers die with their parent."""
+    import signal
+
+    process = start_conversion(big_file, tmp_path / "out", processes)
+    workers = children(process.pid)
+    assert len(workers) == (processes if processes > 1 else 0)
     process.send_signal(signal.SIGKILL)
     process.wait()
+    # at once: a worker left running would finish its share (a second or more) first
+    assert wait_until_gone(workers, seconds=0.5), "a worker outlived its killed parent"
     assert not (tmp_path / "out").exists()
     assert [path.name.startswith(".out.partial-") for path in tmp_path.glob(".out*")] == [True]
     # the leftover does not stand in the way of converting again
-    assert convert(tmp_path / "big.xyz", "-o", tmp_path / "out") == 0
-    assert len(read_structures(tmp_path / "out")) == 4000
+    assert convert(big_file, "-o", tmp_path / "out") == 0
+    assert len(read_structures(tmp_path / "out")) == 12000
+
+
+def test_a_stopped_conversion_removes_what_it_wrote_and_its_workers(tmp_path, big_file):
+    """SIGTERM (a scheduler's stop) or Ctrl-C: one line, exit 75, nothing left."""
+    import signal
+
+    process = start_conversion(big_file, tmp_path / "out", 2)
+    workers = children(process.pid)
+    process.send_signal(signal.SIGTERM)
+    _, error = process.communicate(timeout=60)
+    assert process.returncode == 75
+    assert error.strip() == (
+        f"atomtrain: {tmp_path / 'out'}: conversion stopped by SIGTERM before it finished; "
+        "nothing was written, run the command again"
+    )
+    assert wait_until_gone(workers)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lost_worker_is_named_and_stops_the_conversion(tmp_path, big_file):
+    """A worker killed from outside (the kernel's out-of-memory killer): the conversion
+    says which and stops, instead of waiting for its share forever."""
+    import signal
+
+    process = start_conversion(big_file, tmp_path / "out", 2)
+    workers = children(process.pid)
+    os.kill(max(workers), signal.SIGKILL)
+    _, error = process.communicate(timeout=60)
+    assert process.returncode == 3
+    assert len(error.strip().splitlines()) == 1
+    assert "conversion process 1 ended without finishing its share (killed by SIGKILL)" in error
+    assert wait_until_gone(workers)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_in_a_worker_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """ENOSPC while worker 1 writes its part (the workers are forked, so they run the
+    patched writer): the disk-full line, exit 2, no directory, no staging."""
+    import errno
+
+    from atomtrain.data import convert as conversion
+
+    append = conversion.ArrayFiles.append
+
+    def fill_the_disk(self, name, values, dtype):
+        if self.directory.name == "part-1":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        append(self, name, values, dtype)
+
+    monkeypatch.setattr(conversion.ArrayFiles, "append", fill_the_disk)
+    code = convert(RESOURCES / "ethanol_40.xyz", "-o", tmp_path / "out", "--nproc", "2")
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("atomtrain: no space left on device while writing data directory")
+    assert len(error.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_two_srun_tasks_write_the_bytes_of_one_process(tmp_path):

@@ -18,9 +18,11 @@ from ..data.convert import (
     start_output,
 )
 from ..data.extxyz import Units
+from ..data.workers import stopped_by_signals
 from ..distributed.context import initialize
 from ..distributed.env import detect_launch
 from ..errors import OptionsError
+from ..io import output_errors
 from ..training.datasets import target_keys
 from .eval import dataset_options
 
@@ -105,7 +107,7 @@ def convert_as_ranks(sources: list[Source], output: Path, layout: Layout, launch
     context = initialize(launch, "cpu", timeout=300.0)
     staging = None
     try:
-        with context.guard():
+        with context.guard(), stopped_by_signals(output):
             setup = None
             if context.is_main:
                 staging = start_output(output)
@@ -116,7 +118,8 @@ def convert_as_ranks(sources: list[Source], output: Path, layout: Layout, launch
             parts = context.all_gather_objects(part)
             total = sum(record["frames"] for record in survey_plan.records)
             if context.is_main:
-                total = finish_output(parts, staging, output, layout, survey_plan.records)
+                with output_errors(output, "data directory"):
+                    total = finish_output(parts, staging, output, layout, survey_plan.records)
     except BaseException as error:
         if context.is_main and staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import shutil
 import tempfile
@@ -49,6 +48,7 @@ from .extxyz import (
 )
 from .neighbors import compute_neighbor_list
 from .system import Structure
+from .workers import run_in_processes, stopped_by_signals
 
 MANIFEST = "atomtrain.json"
 FORMAT = "atomtrain-memmap-1"
@@ -178,7 +178,7 @@ def convert(
     several ``processes``, each converts a contiguous share of the frames and the parts
     are joined in order: the result is byte-identical to one process's."""
     staging = start_output(output)
-    with output_errors(output, "data directory"):
+    with output_errors(output, "data directory"), stopped_by_signals(output):
         try:
             survey_plan = plan(sources, processes)
             jobs = [
@@ -188,10 +188,7 @@ def convert(
             if processes == 1:
                 parts = [convert_shares(*jobs[0])]
             else:
-                # spawn: the workers must not inherit torch's threads or open files
-                context = multiprocessing.get_context("spawn")
-                with context.Pool(processes) as pool:
-                    parts = pool.starmap(convert_shares, jobs)
+                parts = run_in_processes(convert_shares, jobs, output)
             return finish_output(parts, staging, output, layout, survey_plan.records)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -9,10 +9,7 @@ import threading
 import time
 
 from ..errors import AtomtrainError
-from ..signals import REPEAT_WINDOW, give_back_signals, take_stop_signals
-
-# exit code of a run stopped by a stop signal after writing its checkpoint
-EXIT_STOPPED = 75
+from ..signals import EXIT_STOPPED, REPEAT_WINDOW, give_back_signals, take_stop_signals
 
 
 class StopRequest:
