@@ -4,7 +4,7 @@ same data read into memory.
 
     python benchmarks/lazy_data.py [--kinds ethanol emt] [--sizes 10000 100000 1000000]
         [--xyz-up-to 100000] [--throughput-sizes 10000 100000] [--repeats 2]
-        [--workdir /tmp/atomtrain-large]
+        [--watch-seconds 0] [--workdir /tmp/atomtrain-large]
 
 Two synthetic kinds of data, written as extended XYZ by a fast text writer:
 - ``ethanol``: the 1,000 real ethanol geometries of examples/ethanol, each copy
@@ -24,7 +24,9 @@ For each kind and size:
    once it logs its first step (it checkpoints and exits 75); the table gives the
    setup time it logs, the wall time to that line and, per process, VmRSS and RssAnon
    from /proc/PID/status at that moment (RssAnon is private; mapped data files' pages
-   are shared and reclaimable). With 2 processes the first entry is the launcher.
+   are shared and reclaimable). With 2 processes the first entry is the launcher. With
+   ``--watch-seconds S`` training goes on S seconds more, RssAnon sampled every 0.5 s,
+   and the largest value per process is reported too.
 3. Throughput for the sizes in ``--throughput-sizes``: one epoch (1 % validation),
    directory and xyz alternated ``--repeats`` times, one process, structures per
    second over the epoch as logged.
@@ -137,16 +139,20 @@ def raw_bytes(directory: Path) -> int:
     return atoms * (12 + 4 + 12) + structures * (36 + 4) + stress
 
 
-def convert(data: Path, output: Path, processes: int) -> float:
+def convert(data: Path, output: Path, processes: int) -> tuple[float, float]:
+    """Wall time of the command, and the conversion's own time as it prints it (without
+    the interpreter's start and imports)."""
     shutil.rmtree(output, ignore_errors=True)
     start = time.perf_counter()
-    subprocess.run(
+    completed = subprocess.run(
         [sys.executable, "-m", "atomtrain", "convert", str(data), "-o", str(output)]
         + ["--nproc", str(processes)],
         check=True,
         capture_output=True,
+        text=True,
     )
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    return wall, float(re.search(r" in ([0-9.]+) s with", completed.stdout).group(1))
 
 
 def options_file(directory: Path, data: Path, validation: float) -> Path:
@@ -187,7 +193,9 @@ def memory(pid: int) -> tuple[float, float] | None:
     return values.get("VmRSS", 0) / 1024, values.get("RssAnon", 0) / 1024
 
 
-def first_step(data: Path, workdir: Path, processes: int) -> dict:
+def first_step(data: Path, workdir: Path, processes: int, watch: float) -> dict:
+    """Time to the first step and memory then; with ``watch`` seconds, also the largest
+    RssAnon per process sampled while training goes on that long."""
     directory = workdir / f"first_step_{data.name}_p{processes}"
     shutil.rmtree(directory, ignore_errors=True)
     options = options_file(directory, data, 0.05)
@@ -207,8 +215,18 @@ def first_step(data: Path, workdir: Path, processes: int) -> dict:
         if found:
             result["wall"] = time.perf_counter() - start
             result["setup"] = float(found.group(1))
-            measured = [memory(pid) for pid in [process.pid, *descendants(process.pid)]]
+            pids = [process.pid, *descendants(process.pid)]
+            measured = [memory(pid) for pid in pids]
             result["memory"] = [value for value in measured if value and value[0] > 100]
+            peaks = [anon for _, anon in result["memory"]]
+            watched_until = time.perf_counter() + watch
+            while time.perf_counter() < watched_until and process.poll() is None:
+                time.sleep(0.5)
+                for position, pid in enumerate(pids[: len(peaks)]):
+                    value = memory(pid)
+                    if value:
+                        peaks[position] = max(peaks[position], value[1])
+            result["peak_anon"] = peaks
             os.killpg(process.pid, signal.SIGTERM)
             break
     result["exit"] = process.wait()
@@ -248,6 +266,7 @@ def main() -> None:
     parser.add_argument("--convert-up-to", type=int, default=1_000_000)
     parser.add_argument("--throughput-sizes", type=int, nargs="*", default=[10_000, 100_000])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--watch-seconds", type=float, default=0.0)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/atomtrain-large"))
     arguments = parser.parse_args()
     workdir = arguments.workdir
@@ -262,8 +281,8 @@ def main() -> None:
                 generate(kind, xyz, size)
                 print(f"generated {xyz} in {time.perf_counter() - start:.1f} s", flush=True)
             if size <= arguments.convert_up_to or not directory.exists():
-                one = convert(xyz, workdir / f"{kind}_{size}_one", 1)
-                two = convert(xyz, directory, 2)
+                one, one_logged = convert(xyz, workdir / f"{kind}_{size}_one", 1)
+                two, two_logged = convert(xyz, directory, 2)
                 identical = all(
                     filecmp.cmp(file, directory / file.name, shallow=False)
                     for file in (workdir / f"{kind}_{size}_one").iterdir()
@@ -279,7 +298,8 @@ def main() -> None:
                 )
                 row = (
                     f"| {kind} | {size:,} | {xyz.stat().st_size / 1e6:,.0f} MB | {one:.1f} s | "
-                    f"{two:.1f} s | {one / two:.2f}x | {disk / 1e6:,.1f} MB | "
+                    f"{two:.1f} s | {one / two:.2f}x | {one_logged:.1f} / {two_logged:.1f} s | "
+                    f"{one_logged / two_logged:.2f}x | {disk / 1e6:,.1f} MB | "
                     f"{layout / raw_bytes(directory):.3f} | {identical} |"
                 )
                 conversions.append(row)
@@ -289,14 +309,16 @@ def main() -> None:
             )
             for name, data in sources:
                 for processes in (1, 2):
-                    result = first_step(data, workdir, processes)
+                    result = first_step(data, workdir, processes, arguments.watch_seconds)
                     if "wall" not in result:
                         print(f"{kind} {size} {name} {processes}: no first step")
                         print(result["log_tail"])
                         continue
                     row = (
                         f"| {kind} | {size:,} | {name} | {processes} | {result['setup']:.1f} s | "
-                        f"{result['wall']:.1f} s | {describe_memory(result)} |"
+                        f"{result['wall']:.1f} s | {describe_memory(result)} | "
+                        + ", ".join(f"{peak:.0f}" for peak in result["peak_anon"])
+                        + " |"
                     )
                     starts.append(row)
                     print(row, flush=True)
@@ -318,15 +340,17 @@ def main() -> None:
                 print(row, flush=True)
     print(
         "\n| kind | structures | xyz | convert, 1 process | 2 processes | speed-up | "
-        "directory | metatrain's files / raw arrays | byte-identical |"
+        "conversion as logged, 1 / 2 | speed-up | directory | metatrain's files / raw "
+        "arrays | byte-identical |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(conversions))
     print(
         "\n| kind | structures | data | processes | setup (logged) | command to first "
-        "step | per process: VmRSS / RssAnon MB |"
+        f"step | per process: VmRSS / RssAnon MB | largest RssAnon in {arguments.watch_seconds:g} "
+        "s of training, MB |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(starts))
     print("\n| kind | structures | directory, structures/s | xyz, structures/s | directory / xyz |")
     print("|---|---|---|---|---|")
