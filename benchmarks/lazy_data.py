@@ -227,7 +227,8 @@ def first_step(data: Path, workdir: Path, processes: int, watch: float) -> dict:
                     if value:
                         peaks[position] = max(peaks[position], value[1])
             result["peak_anon"] = peaks
-            os.killpg(process.pid, signal.SIGTERM)
+            if process.poll() is None:  # a small set may finish its epoch while watched
+                os.killpg(process.pid, signal.SIGTERM)
             break
     result["exit"] = process.wait()
     log.seek(0)
