@@ -117,6 +117,10 @@ def corrupt(directory, case):
         energies = np.fromfile(directory / "energy.bin", dtype=np.float32)
         energies[3] = np.nan
         energies.tofile(directory / "energy.bin")
+    elif case == "on top":  # frame 6 (9-atom molecules): atom 4 onto atom 2
+        positions = np.fromfile(directory / "x.bin", dtype=np.float32).reshape(-1, 3)
+        positions[6 * 9 + 4] = positions[6 * 9 + 2] + [0.03, 0, 0]
+        positions.tofile(directory / "x.bin")
 
 
 @pytest.mark.parametrize(
@@ -126,6 +130,7 @@ def corrupt(directory, case):
         ("counts", ["na.npy", "expected 11 int64", "found 5"]),
         ("truncated", ["x.bin", "truncated or belongs to another data set"]),
         ("nan", ["frame 3", "energy (energy.bin)", "NaN or infinite"]),
+        ("on top", ["frame 6", "0.03 A apart", "the same atom twice"]),
     ],
 )
 def test_a_broken_directory_is_named_in_one_line(tmp_path, capsys, case, fragments):

@@ -241,3 +241,45 @@ def test_a_share_read_by_chunk_offsets_is_the_files_frames(tmp_path):
     count, _, offsets = survey(blank)
     with pytest.raises(DataError, match="blank.xyz, frame 70: .*blank line"):
         list(iterate_frames(blank, 0, count, offsets))
+
+
+def test_screening_small_molecules_for_close_atoms_keeps_every_close_pair():
+    """A directory from another tool is checked for atoms on top of each other; small
+    molecules are screened all pairs at once, and only those with a pair under the
+    suspect distance (and every periodic or large structure) get the per-frame check:
+    nothing the per-frame check would catch is missed."""
+    from atomtrain.data.extxyz import SUSPECT_DISTANCE
+    from atomtrain.data.memmap import SCREENED_ATOMS, distance_candidates
+
+    molecules = ase.io.read(RESOURCES / "qm9_reduced_100.xyz", ":60")
+    molecules += ase.io.read(RESOURCES / "ethanol_40.xyz", ":")
+    cells = ase.io.read(RESOURCES / "si_test.xyz", ":5")
+    large = ase.Atoms("C60", positions=np.random.default_rng(0).normal(0, 8, (60, 3)))
+    frames = molecules[:50] + cells + [large, ase.Atoms("H", positions=[[0, 0, 0]])]
+    frames += molecules[50:]
+    for index, gap in [(3, 0.05), (17, 0.4), (70, 0.49), (90, 0.02)]:
+        frames[index].positions[1] = frames[index].positions[0] + [gap, 0, 0]
+    frames[40].positions[2] = frames[40].positions[1] + [0.52, 0, 0]  # not suspect
+    structures = read_structures_of(frames)
+    expected = [
+        index
+        for index, atoms in enumerate(frames)
+        if len(atoms) > 1
+        and (
+            atoms.pbc.any()
+            or len(atoms) > SCREENED_ATOMS
+            or min(atoms.get_all_distances()[np.triu_indices(len(atoms), 1)]) < SUSPECT_DISTANCE
+        )
+    ]
+    assert list(distance_candidates(structures.parts[0])) == expected
+    assert {3, 17, 70, 90} <= set(expected) and 40 not in expected
+
+
+def read_structures_of(frames):
+    from atomtrain.data import FrameSet
+    from atomtrain.data.extxyz import FrameReader
+
+    reader = FrameReader(RESOURCES, TargetKeys(require_energy=False), Units(), checked=True)
+    return FrameSet.from_structures(
+        [reader.structure(i, atoms, False, False) for i, atoms in enumerate(frames)]
+    )
