@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from atomtrain.data import FrameSet, read_structures
+from atomtrain.data import FrameSet, TargetKeys, read_structures
 from atomtrain.data import frames as frames_module
 from atomtrain.data.neighbors import compute_neighbor_list
 from atomtrain.training import work as work_module
@@ -78,3 +78,28 @@ def test_the_choice_is_kept_on_the_set_for_the_next_validation(monkeypatch, capl
         again = work_module.work(structures, 4.0, TwoRanks(structures[:0], 4.0))
     assert again is first
     assert sum("by atom counts" in record.message for record in caplog.records) == 1
+
+
+def test_the_mean_neighbor_count_of_a_large_set_comes_from_a_fixed_sample(monkeypatch):
+    """Beyond AVERAGE_NEIGHBORS_SAMPLE structures (here 30 of 100), the mean neighbor
+    count is that of a fixed sample: the same on every call and every rank count, and
+    of the whole set when it is small enough or its pair counts are stored."""
+    structures = read_structures(RESOURCES / "qm9_reduced_100.xyz", TargetKeys(energy="U0"))
+    whole = np.array(counted(structures, 3.0))
+    mean_of_all = whole.sum() / structures.atom_counts.sum()
+
+    class OneRank:
+        rank, world_size = 0, 1
+
+        def all_reduce_sum(self, tensor):
+            return tensor
+
+    assert work_module.average_neighbors(structures, 3.0, OneRank()) == mean_of_all
+    monkeypatch.setattr(work_module, "AVERAGE_NEIGHBORS_SAMPLE", 30)
+    fresh = read_structures(RESOURCES / "qm9_reduced_100.xyz", TargetKeys(energy="U0"))
+    sampled = work_module.average_neighbors(fresh, 3.0, OneRank())
+    chosen = np.sort(np.random.default_rng(0).choice(100, 30, replace=False))
+    assert sampled == whole[chosen].sum() / fresh.atom_counts[chosen].sum()
+    assert sampled != mean_of_all
+    two = work_module.average_neighbors(fresh, 3.0, TwoRanks(fresh.subset(chosen), 3.0))
+    assert two == sampled

@@ -25,7 +25,7 @@ from .checkpoint import model_from_checkpoint
 from .datasets import Datasets, file_labels, load_datasets
 from .outputs import LOGGER_NAME
 from .reports import describe_data, describe_training
-from .work import pair_counts
+from .work import average_neighbors
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -63,9 +63,7 @@ def data_facts(options: Options, training: FrameSet, context: Context) -> DataFa
     architecture = registry.architecture(options.architecture.name)
     cutoff = architecture.average_neighbors_within(options.architecture.model)
     if cutoff is not None:
-        # the full list: each pair is a neighbor of both its atoms
-        pairs = int(pair_counts(training, cutoff, context).sum())
-        facts.average_neighbors = pairs / max(int(training.atom_counts.sum()), 1)
+        facts.average_neighbors = average_neighbors(training, cutoff, context)
         logger.info(f"{facts.average_neighbors:.3f} neighbors per atom within {cutoff:g} A")
     return facts
 

@@ -40,6 +40,32 @@ def pair_counts(structures: FrameSet, cutoff: float, context: Context) -> np.nda
     return cached
 
 
+# The mean neighbor count an architecture is built with (MACE's avg_num_neighbors) is a
+# normalisation constant: beyond this many structures it comes from a fixed random
+# sample of them (the same for any number of processes), which estimates it to a
+# fraction of a percent instead of a neighbor search per structure (a minute or more
+# for a million cells, at every fresh start).
+AVERAGE_NEIGHBORS_SAMPLE = 100_000
+
+
+def average_neighbors(structures: FrameSet, cutoff: float, context: Context) -> float:
+    """Neighbors per atom within ``cutoff`` (full list) over ``structures``, or over a
+    fixed sample of them for large sets without stored pair counts. Collective."""
+    sample = structures
+    if known_pair_counts(structures, cutoff) is None and len(structures) > (
+        AVERAGE_NEIGHBORS_SAMPLE
+    ):
+        generator = np.random.default_rng(0)
+        chosen = generator.choice(len(structures), AVERAGE_NEIGHBORS_SAMPLE, replace=False)
+        sample = structures.subset(np.sort(chosen))
+        logger.info(
+            f"mean neighbor count from a fixed sample of {AVERAGE_NEIGHBORS_SAMPLE} of the "
+            f"{len(structures)} training structures"
+        )
+    pairs = int(pair_counts(sample, cutoff, context).sum())
+    return pairs / max(int(sample.atom_counts.sum()), 1)
+
+
 def known_pair_counts(structures: FrameSet, cutoff: float) -> np.ndarray | None:
     """The pair counts counted earlier on this set or stored with its data, else None."""
     counted = structures.pair_counts.get(cutoff)
