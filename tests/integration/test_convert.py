@@ -340,3 +340,50 @@ def test_a_bad_frame_in_one_tasks_share_stops_both_and_leaves_nothing(tmp_path):
     assert error_1.strip().endswith("frame 30: positions contains NaN or infinite values")
     assert code_0 == 3 and "rank 1" in error_0 and len(error_0.strip().splitlines()) == 1
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bad.xyz"]
+
+
+def test_a_large_directory_is_verified_by_sizes_and_sampled_blocks(tmp_path, monkeypatch):
+    """Beyond FULLY_VERIFIED_BYTES a start checks every file's size and sampled blocks
+    (here 4 blocks of 16 bytes, a limit of 1 kB), so start-up does not grow with the
+    data: a changed sampled byte or size is refused, a byte between samples is not
+    read."""
+    import logging
+
+    from atomtrain.data import convert as conversion
+    from atomtrain.errors import DataError
+
+    monkeypatch.setattr(conversion, "FULLY_VERIFIED_BYTES", 1000)
+    monkeypatch.setattr(conversion, "SAMPLED_BLOCKS", 4)
+    monkeypatch.setattr(conversion, "SAMPLED_BLOCK_BYTES", 16)
+    assert convert(RESOURCES / "ethanol_40.xyz", "-o", tmp_path / "out") == 0
+    positions = tmp_path / "out" / "x.bin"
+    original = positions.read_bytes()
+    assert len(original) == 40 * 9 * 12  # the samples start at 0, 1434, 2869, 4304
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    # a training run's logging setup stops propagation at the atomtrain logger
+    logger = logging.getLogger(conversion.__name__)
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        assert len(read_structures(tmp_path / "out")) == 40
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+    (note,) = [record.getMessage() for record in records]
+    assert "verified the size of every file and 4 sampled blocks" in note
+
+    def changed(offset: int | None, extra: bytes = b"") -> bytes:
+        data = bytearray(original)
+        if offset is not None:
+            data[offset] ^= 0xFF
+        return bytes(data) + extra
+
+    positions.write_bytes(changed(100))  # between samples
+    assert len(read_structures(tmp_path / "out")) == 40
+    for content in (changed(1440), changed(None, b"\0" * 12)):
+        positions.write_bytes(content)
+        with pytest.raises(DataError, match="x.bin changed since atomtrain convert"):
+            read_structures(tmp_path / "out")
