@@ -12,6 +12,7 @@ import ase.io
 import numpy as np
 import pytest
 import torch
+from ase.calculators.singlepoint import SinglePointCalculator
 
 from atomtrain.cli.main import main
 from atomtrain.data import read_structures
@@ -387,3 +388,43 @@ def test_a_large_directory_is_verified_by_sizes_and_sampled_blocks(tmp_path, mon
         positions.write_bytes(content)
         with pytest.raises(DataError, match="x.bin changed since atomtrain convert"):
             read_structures(tmp_path / "out")
+
+
+def test_a_directory_from_another_tool_converts_to_the_bytes_of_its_files(tmp_path, capsys):
+    """metatrain's layout written with numpy (no pbc, known or manifest files), of
+    molecules and periodic cells with stress: converted with two processes, its frames
+    are checked on the way and the arrays are those of converting the xyz files; a
+    directory atomtrain wrote is not converted again, and atoms on top of each other
+    are named by frame."""
+    from test_memmap import write_memmap
+
+    molecules = ase.io.read(RESOURCES / "ethanol_40.xyz", ":")
+    for atoms in molecules:  # no cell: metatrain's layout takes nonzero cells as periodic
+        results = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces()}
+        atoms.set_cell(np.zeros((3, 3)))
+        atoms.calc = SinglePointCalculator(atoms, **results)
+    cells = ase.io.read(RESOURCES / "si_test.xyz", ":")
+    for name, frames in (("molecules", molecules), ("cells", cells)):
+        ase.io.write(tmp_path / f"{name}.xyz", frames)
+        assert convert(tmp_path / f"{name}.xyz", "-o", tmp_path / f"{name}_from_xyz") == 0
+        write_memmap(tmp_path / f"{name}_numpy", frames, stress=name == "cells")
+        code = convert(
+            tmp_path / f"{name}_numpy", "-o", tmp_path / f"{name}_from_dir", "--nproc", "2"
+        )
+        assert code == 0
+        expected = {f.name: f.read_bytes() for f in (tmp_path / f"{name}_from_xyz").iterdir()}
+        found = {f.name: f.read_bytes() for f in (tmp_path / f"{name}_from_dir").iterdir()}
+        assert sorted(found) == sorted(expected)
+        for file in sorted(set(expected) - {MANIFEST}):
+            assert found[file] == expected[file], (name, file)
+    assert convert(tmp_path / "cells_from_dir", "-o", tmp_path / "again") == 2
+    assert "wrote this directory already" in capsys.readouterr().err
+    positions = np.fromfile(tmp_path / "cells_numpy" / "x.bin", dtype=np.float32).reshape(-1, 3)
+    first = sum(len(atoms) for atoms in cells[:20])  # in the second process's share
+    positions[first + 5] = positions[first + 1]
+    positions.tofile(tmp_path / "cells_numpy" / "x.bin")
+    assert convert(tmp_path / "cells_numpy", "-o", tmp_path / "bad", "--nproc", "2") == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    assert "cells_numpy, frame 20: atoms 1 and 5 are 0 A apart" in error
+    assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad.partial-*"))

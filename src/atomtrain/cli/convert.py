@@ -31,12 +31,15 @@ def add_parser(commands) -> None:
     parser = commands.add_parser(
         "convert",
         help="convert data files into a memory-mapped data directory",
-        description="Stream data files (extended XYZ or any format ASE reads, or a YAML "
-        "data section with keys and units, as eval takes) into a directory in metatrain's "
-        "memory-mapped layout, which 'read_from: DIR' then trains on. Values are stored "
-        "in angstrom and eV.",
+        description="Stream data files (extended XYZ or any format ASE reads, a directory "
+        "in metatrain's layout written by another tool, or a YAML data section with keys "
+        "and units, as eval takes) into a directory in metatrain's memory-mapped layout, "
+        "which 'read_from: DIR' then trains on. Values are stored in angstrom and eV. Every "
+        "frame is checked on the way in, once: training on the result skips those checks.",
     )
-    parser.add_argument("data", type=Path, nargs="+", help="data files or YAML data sections")
+    parser.add_argument(
+        "data", type=Path, nargs="+", help="data files, directories or YAML data sections"
+    )
     parser.add_argument("-o", "--output", type=Path, required=True, help="directory to create")
     parser.add_argument(
         "--float64",

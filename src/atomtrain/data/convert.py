@@ -47,6 +47,7 @@ from .extxyz import (
     iterate_frames,
     targets_wanted,
 )
+from .frames import Frames, FrameSet
 from .neighbors import compute_neighbor_list
 from .system import Structure
 from .workers import run_in_processes, stopped_by_signals
@@ -257,9 +258,36 @@ def split_frames(counts: list[int], processes: int) -> list[list[Share]]:
 
 def first_frame_targets(source: Source) -> tuple[bool, bool]:
     """Forces and stress are read from every frame of a file when its first frame has
-    them (or the keys say so), as when training reads the file."""
+    them (or the keys say so), as when training reads the file; from a directory when
+    it has their files."""
+    if source.path.is_dir():
+        frames, _ = open_source_directory(source)
+        return frames.forces is not None, frames.stress is not None
     first = next(iterate_frames(source.path))
     return targets_wanted(first, source.keys)
+
+
+def open_source_directory(source: Source) -> tuple[Frames, FrameReader]:
+    """A memmap directory from another tool (metatrain's layout) given to convert: its
+    frames are checked as they are converted, as a file's are."""
+    from .memmap import open_directory  # memmap reads manifests from this module
+
+    frames, reader = open_directory(source.path, source.keys, source.units)
+    if reader.checked:
+        raise OptionsError(
+            f"{source.path}: atomtrain convert wrote this directory already; train on it as it is"
+        )
+    return frames, reader
+
+
+def convert_directory_share(source: Source, share: Share, converter: Converter) -> None:
+    from .memmap import check_frames
+
+    frames, reader = open_source_directory(source)
+    check_frames(frames, reader, source.keys, share.start, share.stop)
+    structures = FrameSet.whole(frames)
+    for index in range(share.start, share.stop):
+        converter.add(structures[index])
 
 
 def convert_shares(
@@ -270,6 +298,9 @@ def convert_shares(
     converter = Converter(directory, layout)
     for share in survey_plan.shares[rank]:
         source = sources[share.source]
+        if source.path.is_dir():
+            convert_directory_share(source, share, converter)
+            continue
         reader = FrameReader(source.path, source.keys, source.units)
         offsets = survey_plan.chunk_offsets[share.source]
         frames = iterate_frames(source.path, share.start, share.stop, offsets)
@@ -328,6 +359,8 @@ def survey(path: Path) -> tuple[int, str, np.ndarray | None]:
     a time and have no offsets."""
     if not path.exists():
         raise DataError(f"{path}: data file not found; check the path")
+    if path.is_dir():
+        return directory_survey(path)
     if file_format(path) != "extxyz":
         return sum(1 for _ in iterate_frames(path)), sha256(path), None
     count = 0
@@ -358,6 +391,18 @@ def survey(path: Path) -> tuple[int, str, np.ndarray | None]:
     if count == 0:
         raise DataError(f"{path}: the file holds no structure")
     return count, digest.hexdigest(), np.array([*offsets, position], dtype=np.int64)
+
+
+def directory_survey(path: Path) -> tuple[int, str, None]:
+    """A memmap directory's structures, and one SHA-256 over its files (names and
+    bytes, in name order)."""
+    from .memmap import MemmapDirectory
+
+    count = MemmapDirectory(path).count
+    digest = hashlib.sha256()
+    for file in sorted(item for item in path.iterdir() if item.is_file()):
+        digest.update(f"{file.name}\n{sha256(file)}\n".encode())
+    return count, digest.hexdigest(), None
 
 
 def sha256(path: Path) -> str:

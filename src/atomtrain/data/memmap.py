@@ -104,7 +104,16 @@ class MemmapDirectory:
 
 def read_directory(path: Path, keys: TargetKeys, units: Units) -> FrameSet:
     """The structures of a memmap directory, memory-mapped (values in angstrom and eV
-    when read)."""
+    when read); a directory from another tool is checked first (see check_frames)."""
+    frames, reader = open_directory(path, keys, units)
+    if not reader.checked:
+        check_frames(frames, reader, keys)
+    return FrameSet.whole(frames)
+
+
+def open_directory(path: Path, keys: TargetKeys, units: Units) -> tuple[Frames, FrameReader]:
+    """A memmap directory's arrays, unchecked, and the reader that names its frames
+    (``checked`` when atomtrain converted it and its files are unchanged)."""
     data = MemmapDirectory(path)
     # a directory atomtrain converted, unchanged since (checksums): its frames were
     # checked on the way in
@@ -153,22 +162,24 @@ def read_directory(path: Path, keys: TargetKeys, units: Units) -> FrameSet:
         stored_pairs=data.pair_counts,
         cache_neighbors=cache_mapped_sources(),
     )
-    if not reader.checked:
-        check_frames(frames, reader, keys)
-    return FrameSet.whole(frames)
+    return frames, reader
 
 
-def check_frames(frames: Frames, reader: FrameReader, keys: TargetKeys) -> None:
-    """What a directory from another tool is checked for before training: finite values
-    (vectorised, a chunk of rows at a time) and atoms on top of each other (frame by
-    frame, no structure kept)."""
+def check_frames(
+    frames: Frames, reader: FrameReader, keys: TargetKeys, start: int = 0, stop: int | None = None
+) -> None:
+    """What a directory from another tool is checked for before training (structures
+    ``start`` to ``stop``): finite values (vectorised, a chunk of rows at a time) and
+    atoms on top of each other (see distance_candidates; no structure kept)."""
+    stop = len(frames) if stop is None else stop
+    first_atom, last_atom = int(frames.offsets[start]), int(frames.offsets[stop])
     per_atom = [("positions (x.bin)", frames.positions)]
     if frames.forces is not None:
         per_atom.append((f"forces ({keys.forces}.bin)", frames.forces))
     for name, values in per_atom:
-        row = first_non_finite(values)
+        row = first_non_finite(values[first_atom:last_atom])
         if row is not None:
-            index = int(np.searchsorted(frames.offsets, row, side="right")) - 1
+            index = int(np.searchsorted(frames.offsets, first_atom + row, side="right")) - 1
             raise reader.fail(index, f"{name} contains NaN or infinite values")
     per_structure = []
     if frames.energy is not None:
@@ -176,10 +187,10 @@ def check_frames(frames: Frames, reader: FrameReader, keys: TargetKeys) -> None:
     if frames.stress is not None:
         per_structure.append((f"stress ({keys.stress}.bin)", frames.stress))
     for name, values in per_structure:
-        index = first_non_finite(values)
+        index = first_non_finite(values[start:stop])
         if index is not None:
-            raise reader.fail(index, f"{name} contains NaN or infinite values")
-    for index in distance_candidates(frames):
+            raise reader.fail(start + index, f"{name} contains NaN or infinite values")
+    for index in distance_candidates(frames, start, stop):
         reader.check_distances(
             index, frames.positions_of(index), frames.cell_of(index), frames.pbc[index]
         )
@@ -193,11 +204,14 @@ SCREENED_ATOMS = 48
 SCREENED_PAIRS_PER_CHUNK = 1 << 20
 
 
-def distance_candidates(frames: Frames) -> np.ndarray:
-    """The structures that need the per-frame check of close atoms, in order: periodic
-    and large ones, and small molecules with a pair closer than SUSPECT_DISTANCE (with
-    a margin for float32 positions); small molecules without such a pair pass."""
-    counts = np.diff(frames.offsets)
+def distance_candidates(frames: Frames, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """The structures (of ``start`` to ``stop``) that need the per-frame check of close
+    atoms, in order: periodic and large ones, and small molecules with a pair closer
+    than SUSPECT_DISTANCE (with a margin for float32 positions); small molecules without
+    such a pair pass."""
+    stop = len(frames) if stop is None else stop
+    counts = np.zeros(len(frames), dtype=np.int64)
+    counts[start:stop] = np.diff(frames.offsets[start : stop + 1])
     screened = ~frames.pbc.any(axis=1) & (counts <= SCREENED_ATOMS) & (counts > 1)
     flagged = [np.flatnonzero(~screened & (counts > 1))]
     for size in np.unique(counts[screened]):
