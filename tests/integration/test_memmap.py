@@ -117,6 +117,10 @@ def corrupt(directory, case):
         energies = np.fromfile(directory / "energy.bin", dtype=np.float32)
         energies[3] = np.nan
         energies.tofile(directory / "energy.bin")
+    elif case == "element":
+        numbers = np.fromfile(directory / "a.bin", dtype=np.int32)
+        numbers[40] = 0
+        numbers.tofile(directory / "a.bin")
     elif case == "on top":  # frame 6 (9-atom molecules): atom 4 onto atom 2
         positions = np.fromfile(directory / "x.bin", dtype=np.float32).reshape(-1, 3)
         positions[6 * 9 + 4] = positions[6 * 9 + 2] + [0.03, 0, 0]
@@ -131,6 +135,7 @@ def corrupt(directory, case):
         ("truncated", ["x.bin", "truncated or belongs to another data set"]),
         ("nan", ["frame 3", "energy (energy.bin)", "NaN or infinite"]),
         ("on top", ["frame 6", "0.03 A apart", "the same atom twice"]),
+        ("element", ["atomic number 0 is not an element"]),
     ],
 )
 def test_a_broken_directory_is_named_in_one_line(tmp_path, capsys, case, fragments):

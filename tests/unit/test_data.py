@@ -283,3 +283,22 @@ def read_structures_of(frames):
     return FrameSet.from_structures(
         [reader.structure(i, atoms, False, False) for i, atoms in enumerate(frames)]
     )
+
+
+def test_elements_of_a_subset_are_found_chunk_by_chunk(monkeypatch):
+    """A set's elements: its sources' elements bound them, and the chunk-by-chunk scan
+    stops once it found them all; an element only in structures outside the set is not
+    reported, one only in a late chunk is (the rarest element of a QM9 sample)."""
+    from atomtrain.data import frames as frames_module
+
+    monkeypatch.setattr(frames_module, "CHUNK", 7)
+    structures = read_structures(RESOURCES / "qm9_reduced_100.xyz", TargetKeys(energy="U0"))
+    numbers = [set(structures[i].atomic_numbers.tolist()) for i in range(len(structures))]
+    assert structures.elements() == set().union(*numbers)
+    rare = min(set().union(*numbers), key=lambda z: sum(z in found for found in numbers))
+    having = [i for i, found in enumerate(numbers) if rare in found]
+    without = [i for i, found in enumerate(numbers) if rare not in found]
+    assert having and len(without) >= 20
+    assert structures.subset(without).elements() == set().union(*(numbers[i] for i in without))
+    late = without[:20] + having[-1:]  # the rare element only in the third chunk
+    assert rare in structures.subset(late).elements()
