@@ -26,7 +26,9 @@ For each kind and size:
    from /proc/PID/status at that moment (RssAnon is private; mapped data files' pages
    are shared and reclaimable). With 2 processes the first entry is the launcher. With
    ``--watch-seconds S`` training goes on S seconds more, RssAnon sampled every 0.5 s,
-   and the largest value per process is reported too.
+   and the largest value per process is reported too, with the training rate over that
+   time (steps after the first times the batch size, or the epoch's rate when the
+   epoch ends first).
 3. Throughput for the sizes in ``--throughput-sizes``: one epoch (1 % validation),
    directory and xyz alternated ``--repeats`` times, one process, structures per
    second over the epoch as logged.
@@ -58,6 +60,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "examples" / "ethanol" / "ethanol_1000.xyz"
 FIRST_STEP = re.compile(r"first training step done ([0-9.]+) s after the setup began")
 EPOCH = re.compile(r"epoch (\d+)/\d+ .*\| ([0-9.]+) s$")
+STOPPED = re.compile(r"stopped by SIGTERM at epoch \d+, step (\d+)")
+TRAINING = re.compile(r"data: (\d+) training")
+BATCH_SIZE = 16
 LABELLED_CELLS = 2_000
 
 
@@ -160,7 +165,7 @@ def options_file(directory: Path, data: Path, validation: float) -> Path:
     options["training_set"]["systems"]["read_from"] = str(data)
     options["validation_set"] = validation
     options["test_set"] = 0.05
-    options["architecture"]["training"].update(num_epochs=1, log_interval=1, batch_size=16)
+    options["architecture"]["training"].update(num_epochs=1, log_interval=1, batch_size=BATCH_SIZE)
     if "emt" in data.name:
         options["training_set"]["targets"]["energy"]["stress"] = True
     directory.mkdir(parents=True, exist_ok=True)
@@ -227,13 +232,28 @@ def first_step(data: Path, workdir: Path, processes: int, watch: float) -> dict:
                     if value:
                         peaks[position] = max(peaks[position], value[1])
             result["peak_anon"] = peaks
+            watched = time.perf_counter() - (watched_until - watch)
             if process.poll() is None:  # a small set may finish its epoch while watched
                 os.killpg(process.pid, signal.SIGTERM)
             break
     result["exit"] = process.wait()
     log.seek(0)
-    result["log_tail"] = log.read()[-1500:]
+    text = log.read()
+    result["log_tail"] = text[-1500:]
+    result["rate"] = watched_rate(text, watched) if watch and "wall" in result else None
     return result
+
+
+def watched_rate(log: str, watched: float) -> float | None:
+    """Training structures per second while watched: the steps after the first one over
+    the watched time (the run stops at the step after the signal), or, when the epoch
+    ended meanwhile, the epoch's logged rate."""
+    stopped = STOPPED.search(log)
+    if stopped:
+        return (int(stopped.group(1)) - 1) * BATCH_SIZE / watched
+    epochs = [float(m.group(2)) for m in map(EPOCH.search, log.splitlines()) if m]
+    trained = TRAINING.search(log)
+    return int(trained.group(1)) / epochs[0] if epochs and trained else None
 
 
 def epoch_rate(data: Path, workdir: Path) -> float:
@@ -319,7 +339,7 @@ def main() -> None:
                         f"| {kind} | {size:,} | {name} | {processes} | {result['setup']:.1f} s | "
                         f"{result['wall']:.1f} s | {describe_memory(result)} | "
                         + ", ".join(f"{peak:.0f}" for peak in result["peak_anon"])
-                        + " |"
+                        + (f" | {result['rate']:.0f} |" if result["rate"] else " | |")
                     )
                     starts.append(row)
                     print(row, flush=True)
@@ -349,9 +369,9 @@ def main() -> None:
     print(
         "\n| kind | structures | data | processes | setup (logged) | command to first "
         f"step | per process: VmRSS / RssAnon MB | largest RssAnon in {arguments.watch_seconds:g} "
-        "s of training, MB |"
+        "s of training, MB | structures/s while watched |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(starts))
     print("\n| kind | structures | directory, structures/s | xyz, structures/s | directory / xyz |")
     print("|---|---|---|---|---|")
