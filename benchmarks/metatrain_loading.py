@@ -3,8 +3,9 @@ directory: time from the command to the start of training, and peak memory.
 
     python benchmarks/metatrain_loading.py DIR [DIR ...] [--timeout 600]
 
-DIR: a directory ``atomtrain convert`` wrote from molecules with energies and forces
-(e.g. benchmarks/lazy_data.py's ``/tmp/atomtrain-large/ethanol_100000``). Both tools get
+DIR: a directory ``atomtrain convert`` wrote, with energies and forces, and stress when
+it has a stress.bin (e.g. benchmarks/lazy_data.py's ``/tmp/atomtrain-large/ethanol_100000``
+or ``emt_100000``). Both tools get
 examples/ethanol's SOAP-BPNN section (metatrain's format, which atomtrain reads
 unchanged), 5 % validation, 5 % test, one process. metatrain (benchmarks/.venv-metatrain,
 see compare_metatrain.py) is timed to its "Starting training" line, atomtrain to its
@@ -40,7 +41,7 @@ def options(directory: Path, data: Path) -> Path:
     options = yaml.safe_load((ROOT / "examples" / "ethanol" / "options.yaml").read_text())
     options["training_set"]["systems"]["read_from"] = str(data)
     # metatrain fails on a missing stress.bin unless told there is none
-    options["training_set"]["targets"]["energy"]["stress"] = False
+    options["training_set"]["targets"]["energy"]["stress"] = (data / "stress.bin").is_file()
     options["validation_set"] = 0.05
     options["test_set"] = 0.05
     options["architecture"]["training"]["num_epochs"] = 1
