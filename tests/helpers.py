@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+from pathlib import Path
 
 import ase
 import pytest
@@ -154,3 +155,17 @@ def finish(processes, limit=120):
             pytest.fail(f"process {process.pid} did not exit: {err[-2000:]}")
         results.append((process.returncode, out, err))
     return results
+
+
+def children_of(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc): the --nproc launcher's or a
+    conversion's workers."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found

@@ -20,7 +20,7 @@ from atomtrain.data.convert import MANIFEST
 from atomtrain.data.neighbors import compute_neighbor_list
 
 from conftest import RESOURCES
-from helpers import checkpoint_weights, finish, start_ranks, write_options
+from helpers import checkpoint_weights, children_of, finish, start_ranks, write_options
 
 
 def convert(*arguments) -> int:
@@ -183,19 +183,6 @@ def big_file(tmp_path_factory):
     return path
 
 
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -243,7 +230,7 @@ def test_a_killed_conversion_leaves_no_directory_that_looks_complete(tmp_path, b
     import signal
 
     process = start_conversion(big_file, tmp_path / "out", processes)
-    workers = children(process.pid)
+    workers = children_of(process.pid)
     assert len(workers) == (processes if processes > 1 else 0)
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -261,7 +248,7 @@ def test_a_stopped_conversion_removes_what_it_wrote_and_its_workers(tmp_path, bi
     import signal
 
     process = start_conversion(big_file, tmp_path / "out", 2)
-    workers = children(process.pid)
+    workers = children_of(process.pid)
     process.send_signal(signal.SIGTERM)
     _, error = process.communicate(timeout=60)
     assert process.returncode == 75
@@ -279,7 +266,7 @@ def test_a_lost_worker_is_named_and_stops_the_conversion(tmp_path, big_file):
     import signal
 
     process = start_conversion(big_file, tmp_path / "out", 2)
-    workers = children(process.pid)
+    workers = children_of(process.pid)
     os.kill(max(workers), signal.SIGKILL)
     _, error = process.communicate(timeout=60)
     assert process.returncode == 3

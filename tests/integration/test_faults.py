@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import RESOURCES
-from helpers import environment, finish, start_ranks, write_options
+from helpers import children_of, environment, finish, start_ranks, write_options
 
 PYTHON = sys.executable
 ETHANOL = RESOURCES / "ethanol_40.xyz"
@@ -155,19 +155,6 @@ def test_sigterm_on_single_process_then_resume_with_two(tmp_path, reference, dat
     run_dir = tmp_path / "run"
     stop_then_resume_with_two(options, run_dir, EPOCHS)
     assert_same_model(final_state(run_dir), reference)
-
-
-def children_of(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (the --nproc launcher's workers)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 @pytest.mark.parametrize(
