@@ -218,8 +218,8 @@ def distance_candidates(frames: Frames, start: int = 0, stop: int | None = None)
         first, second = np.triu_indices(int(size), 1)
         molecules = np.flatnonzero(screened & (counts == size))
         step = max(1, SCREENED_PAIRS_PER_CHUNK // len(first))
-        for start in range(0, len(molecules), step):
-            chunk = molecules[start : start + step]
+        for begin in range(0, len(molecules), step):
+            chunk = molecules[begin : begin + step]
             atoms = frames.offsets[chunk][:, None] + np.arange(size)
             positions = np.asarray(frames.positions[atoms.reshape(-1)], dtype=np.float64)
             positions = positions.reshape(len(chunk), int(size), 3) * frames.length
