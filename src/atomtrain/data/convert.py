@@ -210,6 +210,9 @@ def start_output(output: Path) -> Path:
 
 def plan(sources: list[Source], processes: int) -> Plan:
     """Survey the sources and share their frames among ``processes``."""
+    # first what a source's opening refuses (a directory atomtrain converted already),
+    # before the survey reads every byte of every source
+    wanted = [first_frame_targets(source) for source in sources]
     surveys = [survey(source.path) for source in sources]
     records = [
         {"path": str(source.path), "frames": frames, "sha256": digest}
@@ -217,7 +220,7 @@ def plan(sources: list[Source], processes: int) -> Plan:
     ]
     return Plan(
         records=records,
-        wanted=[first_frame_targets(source) for source in sources],
+        wanted=wanted,
         chunk_offsets=[offsets for _, _, offsets in surveys],
         shares=split_frames([record["frames"] for record in records], processes),
     )
