@@ -1,6 +1,7 @@
 """MACE against SOAP-BPNN in atomtrain: held-out force error against wall time.
 
     python benchmarks/mace_vs_soap_bpnn.py [--minutes 60] [--threads 2] [--data ethanol silicon]
+    python benchmarks/mace_vs_soap_bpnn.py --side-by-side   # both at once, one core each
 
 Each architecture trains on the same split of each data set for ``--minutes`` of wall
 time (then SIGTERM: atomtrain stops at a step boundary and writes its checkpoint). The
@@ -10,6 +11,11 @@ off train.log's timestamps). Both use a constant learning rate (a cosine over a
 number of epochs that a wall-time budget cuts short would be unfair to either) and the
 examples' hyperparameters: SOAP-BPNN as examples/ethanol, MACE as examples/mace.
 Prints each curve's points and the best error of each, and writes mace_vs_soap_bpnn.png.
+
+``--side-by-side`` trains the two architectures of a data set at the same time, each
+pinned to a core of its own with one thread (the machine needs two free cores): an
+hour each on two data sets then takes two hours instead of four, and each model has
+the same share of the machine.
 """
 
 from __future__ import annotations
@@ -78,24 +84,44 @@ def curve(log: str, start: datetime) -> list[tuple[float, float]]:
     return points
 
 
-def train_for(seconds: float, options_path: Path, directory: Path, threads: int) -> str:
-    """Train for ``seconds`` of wall time; the console output. It goes to a file: a
-    pipe read only at the end fills up and stalls the run."""
+def start_training(options_path: Path, directory: Path, threads: int, core: int | None):
+    """Start a training whose console output goes to a file (a pipe read only at the
+    end fills up and stalls the run)."""
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     command = [sys.executable, "-m", "atomtrain", "train", str(options_path)]
     command += ["--outputs", str(directory / "outputs")]
-    console = directory / "console.txt"
-    with console.open("w") as stream:
-        process = subprocess.Popen(
-            command, cwd=directory, env=environment, stdout=stream, stderr=subprocess.STDOUT
+    pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
+    with (directory / "console.txt").open("w") as stream:
+        return subprocess.Popen(
+            command,
+            cwd=directory,
+            env=environment,
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+            preexec_fn=pin,
         )
-        deadline = time.monotonic() + seconds
-        while process.poll() is None and time.monotonic() < deadline:
-            time.sleep(1)
+
+
+def stop_after(seconds: float, processes: list[subprocess.Popen]) -> None:
+    """SIGTERM each process still running ``seconds`` from now (atomtrain then stops
+    at a step boundary and writes its checkpoint)."""
+    deadline = time.monotonic() + seconds
+    while any(process.poll() is None for process in processes) and time.monotonic() < deadline:
+        time.sleep(1)
+    for process in processes:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
+    for process in processes:
         process.wait()
-    return console.read_text()
+
+
+def report(name: str, architecture: str, points: list[tuple[float, float]]) -> None:
+    best = min((error for _, error in points), default=float("nan"))
+    shown = ", ".join(
+        f"{seconds:.0f} s: {error:.1f}" for seconds, error in points[:: max(1, len(points) // 12)]
+    )
+    print(f"{name} {architecture}: {len(points)} epochs, best held-out F RMSE {best:.1f} meV/A")
+    print(f"  {shown}", flush=True)
 
 
 def main() -> None:
@@ -103,31 +129,33 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=60)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data", nargs="+", default=list(DATA), choices=list(DATA))
+    parser.add_argument("--side-by-side", action="store_true")
     arguments = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mace_vs_soap_"))
-    print(f"{arguments.minutes:g} minutes each, {arguments.threads} threads, work in {work}")
+    threads = 1 if arguments.side_by_side else arguments.threads
+    how = "side by side, one core each" if arguments.side_by_side else "one after the other"
+    print(f"{arguments.minutes:g} minutes each, {threads} threads, {how}, work in {work}")
+    architectures = ("soap_bpnn", "mace")
     curves = {}
     for name in arguments.data:
         train, test, stress = split(name, work)
-        for architecture in ("soap_bpnn", "mace"):
-            directory = work / f"{name}_{architecture}"
-            directory.mkdir()
-            path = directory / "options.yaml"
-            path.write_text(yaml.safe_dump(options(architecture, train, test, stress)))
+        # one group when side by side, else one group per architecture
+        groups = [architectures] if arguments.side_by_side else [(a,) for a in architectures]
+        for group in groups:
             start = datetime.now().replace(microsecond=0)
-            output = train_for(60 * arguments.minutes, path, directory, arguments.threads)
-            points = curve(output, start)
-            curves[(name, architecture)] = points
-            best = min((error for _, error in points), default=float("nan"))
-            shown = ", ".join(
-                f"{seconds:.0f} s: {error:.1f}"
-                for seconds, error in points[:: max(1, len(points) // 12)]
-            )
-            print(
-                f"{name} {architecture}: {len(points)} epochs, best held-out F RMSE "
-                f"{best:.1f} meV/A"
-            )
-            print(f"  {shown}")
+            processes = []
+            for core, architecture in enumerate(group):
+                directory = work / f"{name}_{architecture}"
+                directory.mkdir()
+                path = directory / "options.yaml"
+                path.write_text(yaml.safe_dump(options(architecture, train, test, stress)))
+                pinned = core if arguments.side_by_side else None
+                processes.append(start_training(path, directory, threads, pinned))
+            stop_after(60 * arguments.minutes, processes)
+            for architecture in group:
+                console = (work / f"{name}_{architecture}" / "console.txt").read_text()
+                curves[(name, architecture)] = curve(console, start)
+                report(name, architecture, curves[(name, architecture)])
     plot(curves, work / "mace_vs_soap_bpnn.png")
     print(f"plot: {work / 'mace_vs_soap_bpnn.png'}")
 
