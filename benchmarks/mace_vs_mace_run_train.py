@@ -15,9 +15,9 @@ validation pass each does every epoch), without start-up. Structures per second 
 training set's size over it. Test errors: each tool's own report of its final model
 on the test file (mace_run_train: its log's table; atomtrain: the metrics table).
 
-The loss weights (energy 1, forces 100), Adam's AMSGrad and weight decay (5e-7) and a
-constant learning rate are mace_run_train's defaults for both (its ReduceLROnPlateau
-has a patience of 50 epochs). What differs by design (so errors are not expected to
+The loss weights (energy 1, forces 100), Adam's AMSGrad and weight decay (5e-7), the
+clipping of the gradient norm at 10 and a constant learning rate are mace_run_train's
+defaults for both (its ReduceLROnPlateau has a patience of 50 epochs). What differs by design (so errors are not expected to
 match to the digit): the energy baseline (mace_run_train: "--E0s average", its mean per
 element; atomtrain: least squares; both scale by the RMS of the training forces),
 atomtrain's 1 % linear warmup, and the loss normalisation.
@@ -117,12 +117,14 @@ def atomtrain_options(directory: Path, files, epochs, dtype, seed) -> Path:
                 "log_interval": 1,
                 "checkpoint_interval": 1000,
                 # mace_run_train's defaults: weighted loss (energy 1, forces 100),
-                # Adam with AMSGrad and weight decay 5e-7, a rate that its plateau
-                # scheduler (patience 50 epochs) keeps constant over a short run
+                # Adam with AMSGrad and weight decay 5e-7, the gradient norm clipped at
+                # 10, a rate that its plateau scheduler (patience 50 epochs) keeps
+                # constant over a short run
                 "loss": {"weights": {"energy": 1.0, "forces": 100.0}},
                 "lr_scheduler": "constant",
                 "amsgrad": True,
                 "weight_decay": 5e-7,
+                "grad_clip_norm": 10.0,
             },
         },
         "training_set": section(files["train"]),

@@ -139,6 +139,11 @@ class TrainingOptions(Strict):
     key; mace_run_train's default is 5e-7)."""
     amsgrad: bool = False
     """Adam's AMSGrad variant (metatrain's MACE key; mace_run_train's default is true)."""
+    grad_clip_norm: Annotated[float, Field(gt=0)] | None = None
+    """Before each step, scale the gradient of the global batch (all processes together,
+    so N processes still give the one-process model) down to this norm when it is larger
+    (torch.nn.utils.clip_grad_norm_); ``.inf``: never. Unset: the architecture's default,
+    metatrain's: 1.0 for MACE (mace_run_train's is 10), none for SOAP-BPNN."""
     log_interval: Annotated[int, Field(ge=1)] = 1
     """Validate and log every this many epochs (and at the last one)."""
     checkpoint_interval: Annotated[int, Field(ge=1)] = 25
@@ -252,6 +257,14 @@ class ArchitectureCommon(Strict):
     def _canonical_name(cls, value: str) -> str:
         # an unknown name never gets here: the union's tag picks no section for it
         return registry.canonical_name(value)
+
+    @model_validator(mode="after")
+    def _architecture_defaults(self) -> ArchitectureCommon:
+        # the record (options.yaml) then holds the value used, not "unset"
+        if self.training.grad_clip_norm is None:
+            default = registry.architecture(self.name).grad_clip_norm
+            self.training = self.training.model_copy(update={"grad_clip_norm": default})
+        return self
 
 
 def unknown_architecture(name: Any) -> str:

@@ -16,6 +16,7 @@ import time
 import ase.io
 import pytest
 import torch
+import yaml
 
 from conftest import RESOURCES
 from helpers import run_directories, write_options
@@ -154,6 +155,26 @@ def test_batches_packed_by_atoms_give_the_single_process_model(tmp_path_factory)
         assert (idle_warning in log) == bool(extra)
         runs.append(run)
     assert_same_run(runs[1], runs[0])
+
+
+def test_clipped_gradients_give_the_single_process_model(reference, tmp_path_factory):
+    """Clipping acts on the global batch's gradient: two processes clip as one does. A
+    norm this small clips the steps, so the model must differ from the reference's."""
+    runs = []
+    for extra in ([], ["--nproc", "2"]):
+        directory = tmp_path_factory.mktemp("clipped")
+        make_data(directory)
+        options = options_for(directory)
+        record = yaml.safe_load(options.read_text())
+        record["architecture"]["training"]["grad_clip_norm"] = 0.05
+        options.write_text(yaml.safe_dump(record))
+        command = [PYTHON, "-m", "atomtrain", "train", str(options), *extra]
+        runs.append(launch(command, directory)[0])
+    assert_same_run(runs[1], runs[0])
+    clipped = torch.load(runs[0] / "last.ckpt", weights_only=True)["model_state"]
+    unclipped = torch.load(reference / "last.ckpt", weights_only=True)["model_state"]
+    largest = max((clipped[name] - value).abs().max() for name, value in unclipped.items())
+    assert largest > 1e-3
 
 
 def test_files_with_different_targets_give_the_single_process_model(tmp_path_factory):

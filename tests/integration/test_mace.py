@@ -244,6 +244,7 @@ architecture:
     lr_scheduler: constant
     amsgrad: true
     weight_decay: 5.0e-7
+    grad_clip_norm: 10.0
 training_set:
   systems:
     read_from: ethanol_40.xyz
@@ -264,7 +265,8 @@ def test_a_metatrain_experimental_mace_options_file_trains(tmp_path, monkeypatch
     assert main(["train", "options.yaml", "-o", "model.pt"]) == 0
     (run,) = run_directories(tmp_path / "outputs")
     assert "model: MACE, 1 interactions of 4x0e + 4x1o" in (run / "train.log").read_text()
-    assert yaml.safe_load((run / "options.yaml").read_text())["architecture"]["name"] == "mace"
+    record = yaml.safe_load((run / "options.yaml").read_text())["architecture"]
+    assert (record["name"], record["training"]["grad_clip_norm"]) == ("mace", 10.0)
     # metatrain's MACE training keys reach the optimizer and the schedule
     state = torch.load(run / "last.ckpt", weights_only=True)
     (group,) = state["optimizer_state"]["param_groups"]

@@ -235,6 +235,30 @@ def test_expanded_options_load_back(tmp_path):
     assert load_options(again) == options
 
 
+def test_gradient_clipping_defaults_to_the_architectures_and_is_recorded(tmp_path):
+    """metatrain's defaults: 1.0 for MACE, none for SOAP-BPNN; the record holds the value
+    used, and ``.inf`` (no clipping) survives the round trip through YAML."""
+    from atomtrain.options import expanded
+
+    def clipping(architecture):
+        options = parse_options({"training_set": "a.xyz", "architecture": architecture})
+        return options, options.architecture.training.grad_clip_norm
+
+    assert clipping({"name": "experimental.mace"})[1] == 1.0
+    assert clipping({"name": "soap_bpnn"})[1] is None
+    assert clipping({"name": "mace", "training": {"grad_clip_norm": 10}})[1] == 10.0
+    options, value = clipping({"name": "mace", "training": {"grad_clip_norm": float("inf")}})
+    assert value == float("inf")
+    path = tmp_path / "again.yaml"
+    path.write_text(yaml.safe_dump(expanded(options)))
+    assert load_options(path).architecture.training.grad_clip_norm == float("inf")
+    for bad in (0, -1.0):
+        with pytest.raises(OptionsError) as error:
+            clipping({"name": "mace", "training": {"grad_clip_norm": bad}})
+        text = str(error.value)
+        assert "'architecture.training.grad_clip_norm'" in text and "\n" not in text
+
+
 def test_atomic_types_are_distinct_sorted_atomic_numbers():
     options = parse_options({"training_set": "a.xyz", "architecture": {"atomic_types": [8, 1, 8]}})
     assert options.architecture.atomic_types == [1, 8]

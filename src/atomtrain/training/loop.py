@@ -115,6 +115,8 @@ class Trainer:
             amsgrad=self.training_options.amsgrad,
             fused=True,
         )
+        clip_norm = self.training_options.grad_clip_norm
+        self.clip_norm = clip_norm if clip_norm is not None and math.isfinite(clip_norm) else None
         self.steps_per_epoch = self.plan.steps_per_epoch
         self.scheduler = make_scheduler(
             self.optimizer,
@@ -182,6 +184,9 @@ class Trainer:
                         "lower architecture.training.learning_rate or look for outliers in "
                         "the data"
                     )
+                if self.clip_norm is not None:
+                    # the gradients are the global batch's here, the same on every rank
+                    torch.nn.utils.clip_grad_norm_(self.parameters, self.clip_norm)
                 self.optimizer.step()
                 self.scheduler.step()
                 self.global_step += 1

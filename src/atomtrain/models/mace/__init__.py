@@ -66,4 +66,5 @@ ARCHITECTURE = Architecture(
     scale_from_forces=True,
     start_file_key="mace_model",
     read_file=read_file,
+    grad_clip_norm=1.0,  # metatrain's experimental.mace default
 )
