@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from atomtrain.models import registry
 from atomtrain.options import SECTIONS, ArchitectureCommon, Options, nested_model
 
 
@@ -49,6 +50,17 @@ def render() -> str:
         _render(
             nested_model(section.model_fields["model"].annotation), "architecture.model.", lines
         )
+        defaults = registry.architecture(name).training_defaults
+        if defaults:
+            lines += [
+                "",
+                f"Training defaults of `{name}` (metatrain's for it), where the training "
+                "section leaves them unset:",
+                "",
+                "| key | default |",
+                "|---|---|",
+            ]
+            lines += [f"| `architecture.training.{k}` | `{v!r}` |" for k, v in defaults.items()]
     return "\n".join(lines) + "\n"
 
 

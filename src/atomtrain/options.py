@@ -123,27 +123,45 @@ class TrainingOptions(Strict):
     num_epochs: Annotated[int, Field(ge=1)] = 100
     """Passes over the training set."""
     learning_rate: Annotated[float, Field(gt=0)] = 0.001
-    """Peak learning rate of Adam, reached after the warmup. Left unset when fine-tuning,
-    it is 1e-4 instead: on ethanol it kept a pretrained model's quality on held-out data,
-    where 1e-3 made it worse (docs/performance.md, "Fine-tuning")."""
+    """Peak learning rate of Adam, reached after the warmup (MACE's default: 0.01, see
+    its table). Left unset when fine-tuning, it is 1e-4 instead: on ethanol it kept a
+    pretrained model's quality on held-out data, where 1e-3 made it worse
+    (docs/performance.md, "Fine-tuning")."""
     warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.01
     """Fraction of all steps over which the learning rate rises linearly from zero;
-    afterwards it follows lr_scheduler."""
-    lr_scheduler: Literal["cosine", "constant"] = "cosine"
+    afterwards it follows lr_scheduler (MACE's default: 0, no warmup)."""
+    lr_scheduler: Literal["cosine", "constant", "ExponentialLR", "ReduceLROnPlateau"] = "cosine"
     """The learning rate after the warmup: "cosine", a cosine decay to zero at the last
-    step; "constant", learning_rate throughout (what mace_run_train's default
-    ReduceLROnPlateau amounts to over a short run: on ethanol MACE it gave 13 and 33
-    meV/atom where the cosine gave 75 and 64 after 6 epochs, docs/performance.md)."""
+    step; "constant", learning_rate throughout; "ExponentialLR", multiplied by
+    lr_scheduler_gamma every epoch; "ReduceLROnPlateau", multiplied by lr_factor when
+    the validation error that picks the best model (best_model_metric) has not improved
+    for more than lr_scheduler_patience validations (MACE's default, mace_run_train's
+    and metatrain's; over a short run it stays constant: on ethanol MACE the constant rate
+    gave 13 and 33 meV/atom where the cosine gave 75 and 64 after 6 epochs,
+    docs/performance.md)."""
+    lr_factor: Annotated[float, Field(gt=0, lt=1)] = 0.8
+    """ReduceLROnPlateau: what the learning rate is multiplied by on a plateau."""
+    lr_scheduler_patience: Annotated[int, Field(ge=0)] = 50
+    """ReduceLROnPlateau: validations without improvement (relative, 1e-4) tolerated
+    before the rate is lowered; validations come every log_interval epochs."""
+    lr_scheduler_gamma: Annotated[float, Field(gt=0, le=1)] = 0.9993
+    """ExponentialLR: what the learning rate is multiplied by every epoch."""
+    optimizer: Literal["adam", "adamw"] = "adam"
+    """"adam" (weight_decay added to the gradients) or "adamw" (weight decay applied to
+    the weights, decoupled from the gradients); metatrain's MACE key, whose
+    "schedulefree" is not available."""
+    beta: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    """Adam's first-moment decay (beta1; beta2 is 0.999), metatrain's MACE key."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    """L2 penalty on the parameters, added by Adam to their gradients (metatrain's MACE
-    key; mace_run_train's default is 5e-7)."""
+    """L2 penalty on the parameters, added by Adam to their gradients (MACE's default:
+    5e-7, mace_run_train's and metatrain's)."""
     amsgrad: bool = False
-    """Adam's AMSGrad variant (metatrain's MACE key; mace_run_train's default is true)."""
+    """Adam's AMSGrad variant (MACE's default: true, mace_run_train's and metatrain's)."""
     grad_clip_norm: Annotated[float, Field(gt=0)] | None = None
     """Before each step, scale the gradient of the global batch (all processes together,
     so N processes still give the one-process model) down to this norm when it is larger
-    (torch.nn.utils.clip_grad_norm_); ``.inf``: never. Unset: the architecture's default,
-    metatrain's: 1.0 for MACE (mace_run_train's is 10), none for SOAP-BPNN."""
+    (torch.nn.utils.clip_grad_norm_); unset or ``.inf``: never (MACE's default: 1.0,
+    metatrain's; mace_run_train's is 10)."""
     log_interval: Annotated[int, Field(ge=1)] = 1
     """Validate and log every this many epochs (and at the last one)."""
     checkpoint_interval: Annotated[int, Field(ge=1)] = 25
@@ -260,10 +278,14 @@ class ArchitectureCommon(Strict):
 
     @model_validator(mode="after")
     def _architecture_defaults(self) -> ArchitectureCommon:
-        # the record (options.yaml) then holds the value used, not "unset"
-        if self.training.grad_clip_norm is None:
-            default = registry.architecture(self.name).grad_clip_norm
-            self.training = self.training.model_copy(update={"grad_clip_norm": default})
+        """The training keys the file leaves unset take the architecture's defaults
+        (metatrain's for it); they stay unset for rules that ask (fine-tuning's rate)."""
+        defaults = registry.architecture(self.name).training_defaults
+        unset = {k: v for k, v in defaults.items() if k not in self.training.model_fields_set}
+        if unset:
+            self.training = TrainingOptions.model_construct(
+                self.training.model_fields_set, **{**dict(self.training), **unset}
+            )
         return self
 
 

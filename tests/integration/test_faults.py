@@ -121,6 +121,47 @@ def reference(tmp_path_factory):
     return final_state(run_dir)
 
 
+def learning_rates(run_dir: Path) -> list[float]:
+    import csv
+
+    with (run_dir / "train.csv").open() as stream:
+        return [float(row["learning_rate"]) for row in csv.DictReader(stream)]
+
+
+def test_a_plateau_schedule_resumes_exactly_on_two_processes(tmp_path_factory):
+    """ReduceLROnPlateau's state (best error, validations without improvement, scale)
+    goes into the checkpoint: stopped after its second epoch and resumed on two
+    processes, a run lowers its rate at the same epochs and ends at the same model as
+    an uninterrupted one."""
+    plateau = {
+        "architecture__training__lr_scheduler": "ReduceLROnPlateau",
+        "architecture__training__lr_scheduler_patience": 1,
+        "architecture__training__lr_factor": 0.5,
+        "architecture__training__learning_rate": 0.05,
+    }
+    runs = []
+    for name in ("uninterrupted", "resumed"):
+        directory = tmp_path_factory.mktemp(name)
+        options, run_dir = options_in(directory, **plateau), directory / "run"
+        if name == "uninterrupted":
+            run = subprocess.run(
+                train_command(options, run_dir),
+                env=environment(),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert run.returncode == 0, run.stderr
+        else:
+            stop_then_resume_with_two(options, run_dir, EPOCHS)
+        runs.append(run_dir)
+    rates = learning_rates(runs[0])
+    lowered = [epoch for epoch in range(1, EPOCHS) if rates[epoch] < rates[epoch - 1]]
+    assert lowered and lowered[-1] >= 4, rates  # lowered after the stop, too
+    assert learning_rates(runs[1]) == pytest.approx(rates, rel=1e-12)
+    assert_same_model(final_state(runs[1]), final_state(runs[0]))
+
+
 def test_signal_on_one_rank_stops_both_and_resume_with_one_process(tmp_path, reference):
     options = options_in(tmp_path, distributed__check_consistency_every=3)
     run_dir = tmp_path / "run"

@@ -235,16 +235,21 @@ def test_expanded_options_load_back(tmp_path):
     assert load_options(again) == options
 
 
-def test_gradient_clipping_defaults_to_the_architectures_and_is_recorded(tmp_path):
-    """metatrain's defaults: 1.0 for MACE, none for SOAP-BPNN; the record holds the value
-    used, and ``.inf`` (no clipping) survives the round trip through YAML."""
+def test_training_defaults_are_the_architectures_and_are_recorded(tmp_path):
+    """metatrain's defaults: for MACE its rate, schedule and gradient clipping at 1.0,
+    for SOAP-BPNN no clipping; the record holds the value used, and ``.inf`` (no
+    clipping) survives the round trip through YAML."""
     from atomtrain.options import expanded
 
     def clipping(architecture):
         options = parse_options({"training_set": "a.xyz", "architecture": architecture})
         return options, options.architecture.training.grad_clip_norm
 
-    assert clipping({"name": "experimental.mace"})[1] == 1.0
+    options, value = clipping({"name": "experimental.mace"})
+    assert value == 1.0
+    training = options.architecture.training
+    assert (training.learning_rate, training.lr_scheduler) == (0.01, "ReduceLROnPlateau")
+    assert "learning_rate" not in training.model_fields_set  # fine-tuning's rule sees it unset
     assert clipping({"name": "soap_bpnn"})[1] is None
     assert clipping({"name": "mace", "training": {"grad_clip_norm": 10}})[1] == 10.0
     options, value = clipping({"name": "mace", "training": {"grad_clip_norm": float("inf")}})
@@ -257,6 +262,64 @@ def test_gradient_clipping_defaults_to_the_architectures_and_is_recorded(tmp_pat
             clipping({"name": "mace", "training": {"grad_clip_norm": bad}})
         text = str(error.value)
         assert "'architecture.training.grad_clip_norm'" in text and "\n" not in text
+
+
+# every key of metatrain's experimental.mace training section with its default, as
+# metatrain writes them to options_restart.yaml (metatrain 2026.4.1)
+METATRAIN_MACE_TRAINING = {
+    "optimizer": "adam",
+    "learning_rate": 0.01,
+    "weight_decay": 5e-07,
+    "amsgrad": True,
+    "beta": 0.9,
+    "lr_scheduler": "ReduceLROnPlateau",
+    "lr_scheduler_gamma": 0.9993,
+    "lr_factor": 0.8,
+    "lr_scheduler_patience": 50,
+    "distributed_port": 39591,
+    "batch_size": 16,
+    "num_epochs": 1000,
+    "log_interval": 1,
+    "checkpoint_interval": 100,
+    "scale_targets": True,
+    "atomic_baseline": {},
+    "fixed_scaling_weights": {},
+    "per_structure_targets": [],
+    "num_workers": None,
+    "log_mae": True,
+    "log_separate_blocks": False,
+    "best_model_metric": "mae_prod",
+    "grad_clip_norm": 1.0,
+    "loss": "mse",
+    "max_atoms_per_batch": None,
+    "min_atoms_per_batch": 0,
+}
+
+
+def test_metatrains_mace_training_section_is_understood_whole():
+    architecture = {"name": "experimental.mace", "training": METATRAIN_MACE_TRAINING}
+    options = parse_options({"training_set": "a.xyz", "architecture": architecture})
+    training = options.architecture.training
+    assert (training.lr_scheduler, training.lr_factor, training.beta) == (
+        "ReduceLROnPlateau",
+        0.8,
+        0.9,
+    )
+    bad = {**METATRAIN_MACE_TRAINING, "optimizer": "schedulefree"}
+    with pytest.raises(OptionsError) as error:
+        parse_options({"training_set": "a.xyz", "architecture": {**architecture, "training": bad}})
+    assert "'architecture.training.optimizer'" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_every_architectures_training_defaults_are_valid_values():
+    from atomtrain.options import TrainingOptions
+
+    for name in registry.known():
+        defaults = registry.architecture(name).training_defaults
+        assert TrainingOptions.model_validate(defaults).model_dump(include=set(defaults)) == (
+            defaults
+        )
 
 
 def test_atomic_types_are_distinct_sorted_atomic_numbers():

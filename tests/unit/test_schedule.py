@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from atomtrain.training.schedule import warmup_then
+from atomtrain.training.schedule import (
+    Plateau,
+    apply_now,
+    make_optimizer,
+    make_scheduler,
+    warmup_then,
+)
 
 
 @pytest.mark.parametrize("after", ["cosine", "constant"])
@@ -17,3 +24,59 @@ def test_warmup_then_cosine_or_constant(after):
         assert factor(99) < 0.001
     else:
         assert [factor(step) for step in (10, 55, 99)] == [1.0, 1.0, 1.0]
+
+
+def test_plateau_lowers_the_rate_as_torchs_reduce_lr_on_plateau_does():
+    """The same validation errors give the same rates as torch's ReduceLROnPlateau (what
+    mace_run_train and metatrain's MACE use), ties and relative improvements below the
+    threshold counted as no improvement."""
+    errors = [5.0, 4.0, 4.0, 3.9999, 4.1, 3.0, 3.0, 3.0, 3.0, 2.0, 2.5, 2.5, 2.5, 2.5, 1.0]
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=0.01)
+    reference = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.8, patience=2)
+    plateau = Plateau(factor=0.8, patience=2)
+    expected, actual = [], []
+    for error in errors:
+        reference.step(error)
+        expected.append(optimizer.param_groups[0]["lr"])
+        plateau.validated(error)
+        actual.append(0.01 * plateau.scale)
+    assert actual == pytest.approx(expected, rel=1e-12)
+    assert len(set(expected)) >= 3  # the sequence lowers the rate more than once
+    restored = Plateau(factor=0.8, patience=2)
+    restored.load_state_dict(plateau.state_dict())
+    assert restored == plateau
+
+
+def test_a_lowered_rate_applies_from_the_next_step():
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=0.01)
+    plateau = Plateau(factor=0.5, patience=0)
+    scheduler = make_scheduler(optimizer, 100, 0.0, "ReduceLROnPlateau", plateau=plateau)
+    for _ in range(3):
+        optimizer.step()
+        scheduler.step()
+    plateau.validated(1.0)
+    assert plateau.validated(1.0)  # no improvement, patience 0: lowered
+    apply_now(scheduler)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.005)
+
+
+def test_exponential_decay_is_per_epoch():
+    factor = warmup_then(100, 0.0, "ExponentialLR", steps_per_epoch=10, gamma=0.9)
+    assert [factor(step) for step in (0, 9, 10, 25, 99)] == pytest.approx(
+        [1.0, 1.0, 0.9, 0.81, 0.9**9]
+    )
+
+
+def test_the_optimizer_is_adam_or_adamw_with_the_sections_settings():
+    from atomtrain.options import TrainingOptions
+
+    parameters = [torch.nn.Parameter(torch.zeros(2))]
+    adam = make_optimizer(parameters, TrainingOptions())
+    assert type(adam) is torch.optim.Adam and adam.param_groups[0]["betas"] == (0.9, 0.999)
+    training = TrainingOptions(optimizer="adamw", beta=0.8, weight_decay=0.1, amsgrad=True)
+    adamw = make_optimizer(parameters, training)
+    (group,) = adamw.param_groups
+    assert type(adamw) is torch.optim.AdamW
+    assert (group["betas"], group["weight_decay"], group["amsgrad"]) == ((0.8, 0.999), 0.1, True)

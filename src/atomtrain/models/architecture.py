@@ -70,9 +70,9 @@ class Architecture:
     read_file: Callable[[str], EnergyModel] | None = None
     """Reads such a file (e.g. a ``.model`` written by mace_run_train) as a model whose
     ``hypers`` build it again."""
-    grad_clip_norm: float | None = None
-    """The training section's grad_clip_norm when it leaves it unset (metatrain's default
-    for the architecture); None: no clipping."""
+    training_defaults: dict[str, Any] = field(default_factory=dict)
+    """Defaults of the training section that differ from the common ones (metatrain's
+    for the architecture), for the keys an options file leaves unset."""
     upgrade_hypers: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda h: h)
     """The record of an older atomtrain version in today's form."""
 

@@ -31,7 +31,7 @@ from .losses import batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
 from .outputs import LOGGER_NAME, append_csv, plot_learning_curves, write_run_record
 from .reports import describe, describe_model, metrics_table
-from .schedule import make_scheduler
+from .schedule import Plateau, apply_now, make_optimizer, make_scheduler
 from .setup import (
     Run,
     labelled_files,
@@ -108,21 +108,21 @@ class Trainer:
         self.model.to(context.device)
         context.broadcast_parameters(self.model)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(
-            self.parameters,
-            lr=self.training_options.learning_rate,
-            weight_decay=self.training_options.weight_decay,
-            amsgrad=self.training_options.amsgrad,
-            fused=True,
-        )
+        self.optimizer = make_optimizer(self.parameters, self.training_options)
         clip_norm = self.training_options.grad_clip_norm
         self.clip_norm = clip_norm if clip_norm is not None and math.isfinite(clip_norm) else None
         self.steps_per_epoch = self.plan.steps_per_epoch
+        self.plateau = Plateau(
+            self.training_options.lr_factor, self.training_options.lr_scheduler_patience
+        )
         self.scheduler = make_scheduler(
             self.optimizer,
             self.training_options.num_epochs * self.steps_per_epoch,
             self.training_options.warmup_fraction,
             self.training_options.lr_scheduler,
+            self.steps_per_epoch,
+            self.training_options.lr_scheduler_gamma,
+            self.plateau,
         )
         self.start_epoch = 0
         self.start_step = 0
@@ -135,6 +135,8 @@ class Trainer:
         if state is not None:
             self.optimizer.load_state_dict(state["optimizer_state"])
             self.scheduler.load_state_dict(state["scheduler_state"])
+            if "plateau_state" in state:
+                self.plateau.load_state_dict(state["plateau_state"])
             self.start_epoch = int(state["epoch"])
             self.start_step = int(state.get("step", 0))
             if self.start_step and context.is_main:
@@ -272,6 +274,7 @@ class Trainer:
             "model_state": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "optimizer_state": self.optimizer.state_dict(),
             "scheduler_state": self.scheduler.state_dict(),
+            "plateau_state": self.plateau.state_dict(),
             "epoch": epoch,
             "seed": self.seed,
             "best_metric": self.best_metric,
@@ -318,6 +321,10 @@ class Trainer:
                 train_loss = float(train_sums[SUM_NAMES.index("loss")]) / self.steps_per_epoch
                 chosen = validation_metrics if self.datasets.validation else train_metrics
                 metric = selection_metric(chosen, self.options)
+                if options.lr_scheduler == "ReduceLROnPlateau" and self.plateau.validated(metric):
+                    apply_now(self.scheduler)
+                    rate = self.optimizer.param_groups[0]["lr"]
+                    logger.info(f"validation error on a plateau: learning rate now {rate:.3e}")
                 if metric < self.best_metric:
                     self.best_metric = metric
                     self.best_epoch = completed

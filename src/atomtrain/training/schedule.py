@@ -1,15 +1,65 @@
-"""Learning rate: linear warmup, then a cosine decay to zero or a constant rate."""
+"""The optimizer and its learning rate: a linear warmup, then a cosine decay to zero, a
+constant rate, an exponential decay per epoch, or a rate lowered when validation stops
+improving (mace_run_train's and metatrain's MACE schedules, by their names)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
+from ..options import TrainingOptions
 
-def warmup_then(total_steps: int, warmup_fraction: float, after: str):
-    """The factor of the learning rate at each step: linear warmup, then ``after``
-    ("cosine": down to zero at the last step; "constant": one)."""
+# torch's ReduceLROnPlateau default: an improvement is a relative drop of more than this
+RELATIVE_THRESHOLD = 1e-4
+
+
+@dataclass
+class Plateau:
+    """ReduceLROnPlateau's rule (mode min, relative threshold, no cooldown), fed with the
+    validation error that picks the best model: every rank gets the same global value,
+    so every rank lowers the rate at the same step. Checkpointed with the run."""
+
+    factor: float
+    patience: int
+    scale: float = 1.0
+    best: float = math.inf
+    bad_validations: int = 0
+
+    def validated(self, metric: float) -> bool:
+        """Count one validation; True when it lowers the rate."""
+        if metric < self.best * (1 - RELATIVE_THRESHOLD):
+            self.best, self.bad_validations = metric, 0
+            return False
+        self.bad_validations += 1
+        if self.bad_validations <= self.patience:
+            return False
+        self.scale *= self.factor
+        self.bad_validations = 0
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale = float(state["scale"])
+        self.best = float(state["best"])
+        self.bad_validations = int(state["bad_validations"])
+
+
+def warmup_then(
+    total_steps: int,
+    warmup_fraction: float,
+    after: str,
+    steps_per_epoch: int = 1,
+    gamma: float = 1.0,
+    plateau: Plateau | None = None,
+):
+    """The factor of the learning rate at each step: linear warmup, then ``after``:
+    "cosine", down to zero at the last step; "constant", one; "ExponentialLR",
+    ``gamma`` to the power of the epoch; "ReduceLROnPlateau", the plateau's scale."""
     warmup_steps = int(warmup_fraction * total_steps)
 
     def factor(step: int) -> float:
@@ -17,6 +67,11 @@ def warmup_then(total_steps: int, warmup_fraction: float, after: str):
             return (step + 1) / warmup_steps
         if after == "constant":
             return 1.0
+        if after == "ExponentialLR":
+            return gamma ** (step // steps_per_epoch)
+        if after == "ReduceLROnPlateau":
+            assert plateau is not None
+            return plateau.scale
         progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
         return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
@@ -24,8 +79,37 @@ def warmup_then(total_steps: int, warmup_fraction: float, after: str):
 
 
 def make_scheduler(
-    optimizer: torch.optim.Optimizer, total_steps: int, warmup_fraction: float, after: str
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    warmup_fraction: float,
+    after: str,
+    steps_per_epoch: int = 1,
+    gamma: float = 1.0,
+    plateau: Plateau | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_then(total_steps, warmup_fraction, after)
+    factor = warmup_then(total_steps, warmup_fraction, after, steps_per_epoch, gamma, plateau)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def apply_now(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set the rate of the next step from the schedule as it stands (after a plateau
+    lowered it: LambdaLR would otherwise apply it one step late)."""
+    for group, base, factor in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas
+    ):
+        group["lr"] = base * factor(scheduler.last_epoch)
+
+
+def make_optimizer(
+    parameters: list[torch.nn.Parameter], training: TrainingOptions
+) -> torch.optim.Optimizer:
+    """Adam or AdamW as the training section sets them."""
+    kind = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
+    return kind(
+        parameters,
+        lr=training.learning_rate,
+        betas=(training.beta, 0.999),
+        weight_decay=training.weight_decay,
+        amsgrad=training.amsgrad,
+        fused=True,
     )

@@ -66,5 +66,14 @@ ARCHITECTURE = Architecture(
     scale_from_forces=True,
     start_file_key="mace_model",
     read_file=read_file,
-    grad_clip_norm=1.0,  # metatrain's experimental.mace default
+    # metatrain's experimental.mace defaults, which are mace_run_train's (but its
+    # gradient clipping at 10)
+    training_defaults={
+        "learning_rate": 0.01,
+        "warmup_fraction": 0.0,
+        "lr_scheduler": "ReduceLROnPlateau",
+        "weight_decay": 5e-7,
+        "amsgrad": True,
+        "grad_clip_norm": 1.0,
+    },
 )
