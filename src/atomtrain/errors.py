@@ -1,5 +1,9 @@
 """Errors meant for the user: their message is one line that says what to do."""
 
+# exit code of a command that lost another process it worked with: a rank of the run,
+# or a conversion worker (killed from outside, out of memory)
+EXIT_PROCESS_LOST = 3
+
 
 class AtomtrainError(Exception):
     """An error caused by the user's input or environment, shown as one line. Each

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..errors import AtomtrainError
+from ..errors import EXIT_PROCESS_LOST, AtomtrainError
 from ..signals import EXIT_STOPPED, STOP_SIGNALS, give_back_signals, take_stop_signals
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -36,7 +36,7 @@ class ConversionStopped(AtomtrainError):
 class WorkerLost(AtomtrainError):
     """A worker process ended without a result (killed, out of memory)."""
 
-    exit_code = 3
+    exit_code = EXIT_PROCESS_LOST
 
 
 @contextlib.contextmanager

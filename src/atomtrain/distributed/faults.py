@@ -9,7 +9,7 @@ import time
 
 import torch.distributed as dist
 
-from ..errors import DistributedError
+from ..errors import EXIT_PROCESS_LOST, DistributedError
 
 FAILED_KEY = "atomtrain/failed"
 ALIVE_PREFIX = "atomtrain/alive/"
@@ -21,7 +21,7 @@ ROLL_CALL_SECONDS = 5.0
 class PeerFailure(DistributedError):
     """Another rank died, failed or became unreachable; this rank stops too."""
 
-    exit_code = 3
+    exit_code = EXIT_PROCESS_LOST
 
 
 class PeerReportedError(PeerFailure):
