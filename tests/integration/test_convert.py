@@ -183,6 +183,21 @@ def big_file(tmp_path_factory):
     return path
 
 
+def test_units_taken_in_turn_give_the_bytes_of_one_process(tmp_path, big_file):
+    """12,000 molecules are 16 units for two processes (8 each), taken in turn: the
+    joined directory is byte for byte the one-process one."""
+    from atomtrain.data.convert import UNITS_PER_PROCESS, Source, plan
+
+    units = plan([Source(big_file)], 2, UNITS_PER_PROCESS).shares
+    assert len(units) == 16 and sum(share.stop - share.start for (share,) in units) == 12000
+    assert convert(big_file, "-o", tmp_path / "one") == 0
+    assert convert(big_file, "-o", tmp_path / "two", "--nproc", "2") == 0
+    names = sorted(path.name for path in (tmp_path / "one").iterdir())
+    assert names == sorted(path.name for path in (tmp_path / "two").iterdir())
+    for name in names:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -192,7 +207,7 @@ def alive(pid: int) -> bool:
 
 
 def start_conversion(source: Path, output: Path, processes: int):
-    """A conversion in its own process, returned once every worker writes its part."""
+    """A conversion in its own process, returned once its workers write their units."""
     import subprocess
     import sys
     import time
@@ -205,10 +220,10 @@ def start_conversion(source: Path, output: Path, processes: int):
         text=True,
     )
     deadline = time.monotonic() + 60
-    pattern = f".{output.name}.partial-*/part-*/x.bin"
+    pattern = f".{output.name}.partial-*/unit-*/x.bin"
     while time.monotonic() < deadline and process.poll() is None:
         written = [f for f in output.parent.glob(pattern) if f.stat().st_size]
-        if len(written) == processes:
+        if len(written) >= processes:
             return process
         time.sleep(0.01)
     raise AssertionError("the conversion never started writing")

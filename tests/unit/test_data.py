@@ -302,3 +302,27 @@ def test_elements_of_a_subset_are_found_chunk_by_chunk(monkeypatch):
     assert structures.subset(without).elements() == set().union(*(numbers[i] for i in without))
     late = without[:20] + having[-1:]  # the rare element only in the third chunk
     assert rare in structures.subset(late).elements()
+
+
+def take_units(counter, limit: int, seconds_each: float) -> list[int]:
+    import time
+
+    taken = []
+    for number in counter:
+        if number >= limit:
+            return taken
+        time.sleep(seconds_each)
+        taken.append(number)
+    return taken
+
+
+def test_a_slowed_worker_takes_fewer_units_and_each_unit_is_taken_once(tmp_path):
+    """Conversion's workers take units from one counter: a worker four times slower (a
+    core shared with another job) converts fewer, and no unit is done twice or left."""
+    from atomtrain.data.workers import SharedCounter, run_in_processes
+
+    counter = SharedCounter()
+    jobs = [(counter, 40, 0.04), (counter, 40, 0.01)]
+    slow, fast = run_in_processes(take_units, jobs, tmp_path / "output")
+    assert sorted(slow + fast) == list(range(40))
+    assert len(slow) < len(fast)

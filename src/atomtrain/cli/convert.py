@@ -12,7 +12,7 @@ from ..data.convert import (
     Layout,
     Source,
     convert,
-    convert_shares,
+    convert_units,
     finish_output,
     plan,
     start_output,
@@ -61,8 +61,8 @@ def add_parser(commands) -> None:
         "--nproc",
         type=int,
         default=1,
-        help="processes converting contiguous shares of the frames (default 1); the "
-        "directory is byte-identical whatever the number",
+        help="processes converting the frames, which they take in contiguous units "
+        "(default 1); the directory is byte-identical whatever the number",
     )
     parser.set_defaults(run=run)
 
@@ -116,9 +116,9 @@ def convert_as_ranks(sources: list[Source], output: Path, layout: Layout, launch
                 staging = start_output(output)
                 setup = (staging, plan(sources, context.world_size))
             staging, survey_plan = context.broadcast_object(setup)
-            directory = staging / f"part-{context.rank}"
-            part = convert_shares(sources, survey_plan, context.rank, directory, layout)
-            parts = context.all_gather_objects(part)
+            # one unit per rank, its own (the ranks share no counter)
+            (done,) = convert_units(sources, survey_plan, iter([context.rank]), staging, layout)
+            parts = [part for _, part in context.all_gather_objects(done)]
             total = sum(record["frames"] for record in survey_plan.records)
             if context.is_main:
                 with output_errors(output, "data directory"):

@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -50,13 +51,15 @@ from .extxyz import (
 from .frames import Frames, FrameSet
 from .neighbors import compute_neighbor_list
 from .system import Structure
-from .workers import run_in_processes, stopped_by_signals
+from .workers import SharedCounter, run_in_processes, stopped_by_signals
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "atomtrain.json"
 FORMAT = "atomtrain-memmap-1"
 TARGETS = ("energy", "forces", "stress")
+# work units per --nproc process: one that another job on its core slows takes fewer
+UNITS_PER_PROCESS = 8
 
 
 @dataclass(frozen=True)
@@ -179,20 +182,21 @@ def convert(
     sources: list[Source], output: Path, layout: Layout = Layout(), processes: int = 1
 ) -> int:
     """Write ``sources`` into the directory ``output``; the number of structures. With
-    several ``processes``, each converts a contiguous share of the frames and the parts
-    are joined in order: the result is byte-identical to one process's."""
+    several ``processes``, the frames are cut into contiguous units that the processes
+    take in turn (one slowed by another job on its core takes fewer), and the units are
+    joined in order: the result is byte-identical to one process's."""
     staging = start_output(output)
     with output_errors(output, "data directory"), stopped_by_signals(output):
         try:
-            survey_plan = plan(sources, processes)
-            jobs = [
-                (sources, survey_plan, number, staging / f"part-{number}", layout)
-                for number in range(processes)
-            ]
+            survey_plan = plan(sources, processes, UNITS_PER_PROCESS if processes > 1 else 1)
             if processes == 1:
-                parts = [convert_shares(*jobs[0])]
+                every = iter(range(len(survey_plan.shares)))
+                done = convert_units(sources, survey_plan, every, staging, layout)
             else:
-                parts = run_in_processes(convert_shares, jobs, output)
+                job = (sources, survey_plan, SharedCounter(), staging, layout)
+                results = run_in_processes(convert_units, [job] * processes, output)
+                done = [unit for result in results for unit in result]
+            parts = [part for _, part in sorted(done, key=lambda unit: unit[0])]
             return finish_output(parts, staging, output, layout, survey_plan.records)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -208,8 +212,9 @@ def start_output(output: Path) -> Path:
         return Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.partial-"))
 
 
-def plan(sources: list[Source], processes: int) -> Plan:
-    """Survey the sources and share their frames among ``processes``."""
+def plan(sources: list[Source], processes: int, units_per_process: int = 1) -> Plan:
+    """Survey the sources and cut their frames into work units: one per process, or
+    with ``units_per_process`` more than one, none smaller than a chunk of frames."""
     # first what a source's opening refuses (a directory atomtrain converted already),
     # before the survey reads every byte of every source
     wanted = [first_frame_targets(source) for source in sources]
@@ -218,11 +223,13 @@ def plan(sources: list[Source], processes: int) -> Plan:
         {"path": str(source.path), "frames": frames, "sha256": digest}
         for source, (frames, digest, _) in zip(sources, surveys)
     ]
+    counts = [record["frames"] for record in records]
+    units = min(processes * units_per_process, sum(counts) // FRAMES_PER_CHUNK)
     return Plan(
         records=records,
         wanted=wanted,
         chunk_offsets=[offsets for _, _, offsets in surveys],
-        shares=split_frames([record["frames"] for record in records], processes),
+        shares=split_frames(counts, max(processes, units)),
     )
 
 
@@ -241,11 +248,11 @@ def finish_output(
     return total
 
 
-def split_frames(counts: list[int], processes: int) -> list[list[Share]]:
-    """Contiguous shares of all frames (every file one after the other), as equal as
-    they can be, one per process."""
+def split_frames(counts: list[int], units: int) -> list[list[Share]]:
+    """Contiguous pieces of all frames (every file one after the other), as equal as
+    they can be, ``units`` of them."""
     total = sum(counts)
-    bounds = [total * number // processes for number in range(processes + 1)]
+    bounds = [total * number // units for number in range(units + 1)]
     shares: list[list[Share]] = []
     for first, last in zip(bounds[:-1], bounds[1:]):
         mine: list[Share] = []
@@ -293,13 +300,31 @@ def convert_directory_share(source: Source, share: Share, converter: Converter) 
         converter.add(structures[index])
 
 
-def convert_shares(
-    sources: list[Source], survey_plan: Plan, rank: int, directory: Path, layout: Layout
+def convert_units(
+    sources: list[Source],
+    survey_plan: Plan,
+    numbers: Iterator[int],
+    directory: Path,
+    layout: Layout,
+) -> list[tuple[int, Part]]:
+    """Convert the work units ``numbers`` hands out, each into ``directory/unit-N``,
+    until it runs out or hands out a number past the last unit; (number, part) each."""
+    done = []
+    for number in numbers:
+        if number >= len(survey_plan.shares):
+            break
+        part = convert_unit(sources, survey_plan, number, directory / f"unit-{number}", layout)
+        done.append((number, part))
+    return done
+
+
+def convert_unit(
+    sources: list[Source], survey_plan: Plan, number: int, directory: Path, layout: Layout
 ) -> Part:
-    """Convert process ``rank``'s shares of the frames into the part ``directory``."""
+    """Convert work unit ``number`` of the plan into the part ``directory``."""
     directory.mkdir()
     converter = Converter(directory, layout)
-    for share in survey_plan.shares[rank]:
+    for share in survey_plan.shares[number]:
         source = sources[share.source]
         if source.path.is_dir():
             convert_directory_share(source, share, converter)

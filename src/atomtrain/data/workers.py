@@ -39,6 +39,22 @@ class WorkerLost(AtomtrainError):
     exit_code = EXIT_PROCESS_LOST
 
 
+class SharedCounter:
+    """0, 1, 2, ... handed out once each to whichever forked worker asks first."""
+
+    def __init__(self) -> None:
+        self.next = multiprocessing.get_context("fork").Value("q", 0)
+
+    def __iter__(self) -> SharedCounter:
+        return self
+
+    def __next__(self) -> int:
+        with self.next.get_lock():
+            number = self.next.value
+            self.next.value += 1
+        return number
+
+
 @contextlib.contextmanager
 def stopped_by_signals(output: Path) -> Iterator[None]:
     """Turn a stop signal (SIGTERM, SIGUSR1, Ctrl-C, hangup) into ConversionStopped, so
