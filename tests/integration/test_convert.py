@@ -292,7 +292,7 @@ def test_a_lost_worker_is_named_and_stops_the_conversion(tmp_path, big_file):
 
 
 def test_a_full_disk_in_a_worker_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
-    """ENOSPC while worker 1 writes its part (the workers are forked, so they run the
+    """ENOSPC while a worker writes unit 1 (the workers are forked, so they run the
     patched writer): the disk-full line, exit 2, no directory, no staging."""
     import errno
 
@@ -301,7 +301,7 @@ def test_a_full_disk_in_a_worker_is_one_line_and_leaves_nothing(tmp_path, capsys
     append = conversion.ArrayFiles.append
 
     def fill_the_disk(self, name, values, dtype):
-        if self.directory.name == "part-1":
+        if self.directory.name == "unit-1":
             raise OSError(errno.ENOSPC, "No space left on device")
         append(self, name, values, dtype)
 
