@@ -133,11 +133,14 @@ def test_a_plateau_schedule_resumes_exactly_on_two_processes(tmp_path_factory):
     goes into the checkpoint: stopped after its second epoch and resumed on two
     processes, a run lowers its rate at the same epochs and ends at the same model as
     an uninterrupted one."""
+    # a rate so small that no validation improves by the relative 1e-4 that counts: the
+    # plateau lowers it every second validation (at a large rate, the two-process run
+    # and the one-process run drift apart by rounding, plateau or not)
     plateau = {
         "architecture__training__lr_scheduler": "ReduceLROnPlateau",
         "architecture__training__lr_scheduler_patience": 1,
         "architecture__training__lr_factor": 0.5,
-        "architecture__training__learning_rate": 0.05,
+        "architecture__training__learning_rate": 1e-7,
     }
     runs = []
     for name in ("uninterrupted", "resumed"):
@@ -157,7 +160,7 @@ def test_a_plateau_schedule_resumes_exactly_on_two_processes(tmp_path_factory):
         runs.append(run_dir)
     rates = learning_rates(runs[0])
     lowered = [epoch for epoch in range(1, EPOCHS) if rates[epoch] < rates[epoch - 1]]
-    assert lowered and lowered[-1] >= 4, rates  # lowered after the stop, too
+    assert len(lowered) >= 3 and lowered[-1] >= 4, rates  # lowered after the stop, too
     assert learning_rates(runs[1]) == pytest.approx(rates, rel=1e-12)
     assert_same_model(final_state(runs[1]), final_state(runs[0]))
 
