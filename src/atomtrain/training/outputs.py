@@ -110,10 +110,13 @@ def setup_logging(rank: int, log_file: Path | None) -> logging.Logger:
 
 
 def close_logging() -> None:
+    """Undo setup_logging: a process that trains in-process (a notebook, the tests) gets
+    its own logging back."""
     logger = logging.getLogger(LOGGER_NAME)
     for handler in list(logger.handlers):
         handler.close()
         logger.removeHandler(handler)
+    logger.propagate = True
 
 
 def append_csv(path: Path, row: dict[str, float | int | str]) -> None:
