@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from atomtrain.options import TrainingOptions
 from atomtrain.training.schedule import (
     Plateau,
     apply_now,
@@ -52,7 +53,10 @@ def test_a_lowered_rate_applies_from_the_next_step():
     parameter = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([parameter], lr=0.01)
     plateau = Plateau(factor=0.5, patience=0)
-    scheduler = make_scheduler(optimizer, 100, 0.0, "ReduceLROnPlateau", plateau=plateau)
+    training = TrainingOptions(
+        num_epochs=100, warmup_fraction=0.0, lr_scheduler="ReduceLROnPlateau"
+    )
+    scheduler = make_scheduler(optimizer, training, 1, plateau)
     for _ in range(3):
         optimizer.step()
         scheduler.step()
@@ -70,8 +74,6 @@ def test_exponential_decay_is_per_epoch():
 
 
 def test_the_optimizer_is_adam_or_adamw_with_the_sections_settings():
-    from atomtrain.options import TrainingOptions
-
     parameters = [torch.nn.Parameter(torch.zeros(2))]
     adam = make_optimizer(parameters, TrainingOptions())
     assert type(adam) is torch.optim.Adam and adam.param_groups[0]["betas"] == (0.9, 0.999)

@@ -116,13 +116,7 @@ class Trainer:
             self.training_options.lr_factor, self.training_options.lr_scheduler_patience
         )
         self.scheduler = make_scheduler(
-            self.optimizer,
-            self.training_options.num_epochs * self.steps_per_epoch,
-            self.training_options.warmup_fraction,
-            self.training_options.lr_scheduler,
-            self.steps_per_epoch,
-            self.training_options.lr_scheduler_gamma,
-            self.plateau,
+            self.optimizer, self.training_options, self.steps_per_epoch, self.plateau
         )
         self.start_epoch = 0
         self.start_step = 0

@@ -80,14 +80,19 @@ def warmup_then(
 
 def make_scheduler(
     optimizer: torch.optim.Optimizer,
-    total_steps: int,
-    warmup_fraction: float,
-    after: str,
-    steps_per_epoch: int = 1,
-    gamma: float = 1.0,
-    plateau: Plateau | None = None,
+    training: TrainingOptions,
+    steps_per_epoch: int,
+    plateau: Plateau,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    factor = warmup_then(total_steps, warmup_fraction, after, steps_per_epoch, gamma, plateau)
+    """The training section's schedule over its epochs of ``steps_per_epoch`` steps."""
+    factor = warmup_then(
+        training.num_epochs * steps_per_epoch,
+        training.warmup_fraction,
+        training.lr_scheduler,
+        steps_per_epoch,
+        training.lr_scheduler_gamma,
+        plateau,
+    )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
