@@ -58,7 +58,8 @@ logger = logging.getLogger(__name__)
 MANIFEST = "atomtrain.json"
 FORMAT = "atomtrain-memmap-1"
 TARGETS = ("energy", "forces", "stress")
-# work units per --nproc process: one that another job on its core slows takes fewer
+# work units per --nproc process: one whose units take longer (larger structures, a
+# slower core) takes fewer
 UNITS_PER_PROCESS = 8
 
 
@@ -183,7 +184,7 @@ def convert(
 ) -> int:
     """Write ``sources`` into the directory ``output``; the number of structures. With
     several ``processes``, the frames are cut into contiguous units that the processes
-    take in turn (one slowed by another job on its core takes fewer), and the units are
+    take in turn (one whose units take longer takes fewer), and the units are
     joined in order: the result is byte-identical to one process's."""
     staging = start_output(output)
     with output_errors(output, "data directory"), stopped_by_signals(output):
