@@ -190,14 +190,13 @@ def convert(
     with output_errors(output, "data directory"), stopped_by_signals(output):
         try:
             survey_plan = plan(sources, processes, UNITS_PER_PROCESS if processes > 1 else 1)
+            job = (sources, survey_plan, SharedCounter(), staging, layout)
             if processes == 1:
-                every = iter(range(len(survey_plan.shares)))
-                done = convert_units(sources, survey_plan, every, staging, layout)
+                results = [convert_units(*job)]
             else:
-                job = (sources, survey_plan, SharedCounter(), staging, layout)
                 results = run_in_processes(convert_units, [job] * processes, output)
-                done = [unit for result in results for unit in result]
-            parts = [part for _, part in sorted(done, key=lambda unit: unit[0])]
+            done = sorted((unit for result in results for unit in result), key=lambda u: u[0])
+            parts = [part for _, part in done]
             return finish_output(parts, staging, output, layout, survey_plan.records)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
