@@ -22,6 +22,7 @@ from ..models.composition import (
 )
 from ..models.energy_model import EnergyModel
 from ..options import Options
+from .evaluation import local_batches, predict
 from .outputs import LOGGER_NAME
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -149,3 +150,57 @@ def refit_undetermined_baseline(model: EnergyModel, training: FrameSet, context:
         "the pretrained baseline left these compositions undetermined: fitted to this "
         f"data, leaving the pretraining compositions' energies as they were ({listing})"
     )
+
+
+def refit_baseline(
+    model: EnergyModel,
+    training: FrameSet,
+    options: Options,
+    context: Context,
+    dtype: torch.dtype,
+) -> None:
+    """After training (``refit_baseline``): the free per-element energies again by least
+    squares, now on what the trained network leaves of the training energies, each
+    structure's equation divided by its atom count (the loss's energy per atom). Sums
+    over each rank's shard, one all-reduce, the same solve everywhere."""
+    training_options = options.architecture.training
+    if not training_options.refit_baseline or not len(training):
+        return
+    types = model.atomic_types
+    fixed = {int(z) for z in training_options.atomic_baseline}
+    free = torch.tensor([z not in fixed for z in types])
+    n_free = int(free.sum())
+    if not n_free:
+        return
+    gram = torch.zeros((n_free, n_free), dtype=torch.float64)
+    moment = torch.zeros(n_free, dtype=torch.float64)
+    indices = local_share(training, context).tolist()
+    batches = local_batches(
+        training,
+        indices,
+        training_options.batch_size,
+        float(model.cutoff),
+        training_options.max_atoms_per_batch,
+    )
+    for _, batch in batches:
+        assert batch.energy is not None  # training data has energies
+        predicted = predict(model, batch.to(context.device, dtype), False, False)["energy"]
+        atoms = batch.n_atoms.to(torch.float64)
+        counts = composition_counts(
+            batch.atomic_numbers, batch.system_index, batch.n_structures, types
+        )
+        residual = batch.energy.to(torch.float64) - predicted.detach().cpu().to(torch.float64)
+        batch_gram, batch_moment = normal_equation_sums(
+            counts[:, free] / atoms[:, None], residual / atoms
+        )
+        gram += batch_gram
+        moment += batch_moment
+    packed = context.all_reduce_sum(torch.cat([gram.reshape(-1), moment]))
+    shift = torch.zeros(len(types), dtype=torch.float64)
+    shift[free] = solve_baseline(
+        packed[: n_free * n_free].reshape(n_free, n_free), packed[-n_free:]
+    )
+    baseline = model.baseline.detach().cpu().to(torch.float64)
+    model.set_baseline(baseline + shift, float(model.scale))
+    listing = ", ".join(f"Z={z}: {e:+.6f} eV" for z, e in zip(types, shift.tolist()))
+    logger.info(f"per-element energies refitted to the trained model's residuals ({listing})")

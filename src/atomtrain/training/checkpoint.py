@@ -26,6 +26,20 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     )
 
 
+def replace_best_model(path: Path, best_model_state: dict[str, torch.Tensor]) -> None:
+    """Give a checkpoint of this run another best model (the one with the refitted
+    baseline, which model.pt holds), so that its eval, export and fine-tuning start from
+    model.pt's model; its training state stays, so resuming from it is still exact."""
+    try:
+        state = load_checkpoint(path)
+    except AtomtrainError:  # none, or a damaged one that --restart auto already skips
+        return
+    state["best_model_state"] = {
+        name: value.detach().cpu() for name, value in best_model_state.items()
+    }
+    save_checkpoint(path, {key: value for key, value in state.items() if key != "format"})
+
+
 def newest_complete_checkpoint(
     directory: Path, skipped: list[str] | None = None, excluding: Path | None = None
 ) -> tuple[Path, dict[str, Any]] | None:

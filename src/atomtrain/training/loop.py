@@ -23,8 +23,9 @@ from ..distributed import Context
 from ..models import registry
 from ..models.export import export
 from ..options import Options, expanded
+from .baseline import refit_baseline
 from .batches import StepBatches, batch_workers
-from .checkpoint import save_checkpoint
+from .checkpoint import replace_best_model, save_checkpoint
 from .datasets import Datasets
 from .evaluation import metric_sums, predict
 from .losses import batch_loss
@@ -369,6 +370,8 @@ class Trainer:
         """Evaluate the best model on every set, log the table, export, plot."""
         context = self.context
         self.model.load_state_dict(self.best_state)
+        self.adapt_threads()
+        refit_baseline(self.model, self.datasets.training, self.options, context, self.dtype)
         names: list[str] = []
         local: list[torch.Tensor] = []
         for label, part in (("train", "training"), ("validation", "validation"), ("test", "test")):
@@ -382,6 +385,9 @@ class Trainer:
         logger.info(metrics_table(results))
         if context.is_main:
             directory = self.run.directory
+            if self.training_options.refit_baseline:
+                for name in ("best.ckpt", "last.ckpt"):
+                    replace_best_model(directory / name, self.model.state_dict())
             export(self.model, directory / "model.pt")
             if self.run.output_path is not None:
                 export(self.model, self.run.output_path)
