@@ -29,7 +29,7 @@ from atomtrain.models import registry
 from atomtrain.models.architecture import DataFacts
 from atomtrain.options import parse_options
 from atomtrain.training.baseline import fit_baseline
-from atomtrain.training.checkpoint import best_model, load_checkpoint
+from atomtrain.training.checkpoint import best_model, load_checkpoint, model_from_checkpoint
 from atomtrain.training.outputs import LOGGER_NAME
 
 from conftest import RESOURCES
@@ -217,6 +217,77 @@ def test_stopped_mid_run_resumes_with_two_processes_to_the_same_model(tmp_path, 
     run_dir = tmp_path / "run"
     stop_then_resume_with_two(mace_options(tmp_path), run_dir, EPOCHS)
     assert_same_model(final_model(run_dir), reference)
+
+
+def test_cuequivariance_kernels_keep_the_model_and_its_e3nn_state():
+    """Switching a model to cuequivariance's kernels (its PyTorch code, on a CPU) keeps
+    its energies, forces and stress; its state_dict stays in e3nn's layout, and loading
+    one gives the model that wrote it."""
+    pytest.importorskip("cuequivariance_torch")
+    structures = [structure_from_atoms(ethanol()), structure_from_atoms(silicon_cell())]
+    model = tiny_mace([1, 6, 8, 14])
+    model.hypers["model"]["cueq"] = True
+    expected = run_model(model, structures, stress=True)
+    saved = {name: value.clone() for name, value in model.state_dict().items()}
+    model.use_kernels_for(torch.device("cpu"))
+    assert model.parameter_layout() == "cuequivariance"
+    assert len(list(model.parameters())) != len(saved) - 3  # other modules train
+    switched = run_model(model, structures, stress=True)
+    for key in ("energy", "forces", "stress"):
+        torch.testing.assert_close(switched[key], expected[key], atol=1e-10, rtol=0)
+    state = model.state_dict()
+    assert {name: value.shape for name, value in state.items()} == {
+        name: value.shape for name, value in saved.items()
+    }
+    other = tiny_mace([1, 6, 8, 14], seed=1)
+    model.load_state_dict(other.state_dict())
+    torch.testing.assert_close(
+        run_model(model, structures, stress=True)["forces"],
+        run_model(other, structures, stress=True)["forces"],
+        atol=1e-10,
+        rtol=0,
+    )
+
+
+def test_a_run_on_cuequivariance_kernels_resumes_exactly_and_exports_e3nn(tmp_path):
+    """cueq: true on a CPU. Adam follows another path in cuequivariance's parameters
+    (mace-torch's reduced projection is not orthogonal), so the reference is an
+    uninterrupted run on the same kernels: stopped after two epochs and resumed on two
+    processes, the run ends at its model. Its model.pt runs in an engine that never
+    imports cuequivariance, and a resume on e3nn's kernels is refused in one line."""
+    pytest.importorskip("cuequivariance_torch")
+    from test_metatomic import engine_predictions  # it imports this module
+
+    options = mace_options(tmp_path, architecture__model={**TINY_MACE, "cueq": True})
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run_to_the_end(train_command(options, whole))
+    assert "cuequivariance kernels" in (whole / "train.log").read_text()
+    stop_then_resume_with_two(options, resumed, EPOCHS)
+    # the same model: e3nn's layout is one of many for it (mace-torch's conversion sets
+    # weights the products ignore to ~1e-8), so the predictions are compared
+    structures = [structure_from_atoms(ethanol()), structure_from_atoms(ase.io.read(ETHANOL, 7))]
+    predictions = [
+        run_model(model_from_checkpoint(load_checkpoint(run / "last.ckpt"), best=False), structures)
+        for run in (resumed, whole)
+    ]
+    for key in ("energy", "forces"):
+        torch.testing.assert_close(predictions[0][key], predictions[1][key], atol=1e-8, rtol=0)
+
+    engine = engine_predictions(whole / "model.pt", [ethanol()], tmp_path)
+    assert not [name for name in engine["imported"] if name.startswith("cuequivariance")]
+    ours = run_model(best_model(whole / "best.ckpt"), [structure_from_atoms(ethanol())])
+    assert engine["results"][0]["energy"] == pytest.approx(float(ours["energy"][0]), abs=1e-9)
+
+    # as if trained on a GPU with cueq unset, then resumed on a CPU (e3nn's kernels)
+    state = load_checkpoint(whole / "last.ckpt")
+    state["hypers"]["model"]["cueq"] = None
+    torch.save(state, whole / "last.ckpt")
+    longer = mace_options(tmp_path, architecture__training__num_epochs=EPOCHS + 1)
+    command = train_command(longer, whole, "--restart", str(whole / "last.ckpt"))
+    result = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert "cuequivariance" in line and "architecture.model.cueq" in line
 
 
 METATRAIN_OPTIONS = """

@@ -136,7 +136,7 @@ ENGINE_SIDE = textwrap.dedent(
     for result, energy, forces in zip(results, batched["energy"], batched["forces"]):
         result["batched_energy"] = float(energy)
         result["batched_forces"] = np.asarray(forces).tolist()
-    roots = ("atomtrain", "sphericart", "mace", "e3nn")
+    roots = ("atomtrain", "sphericart", "mace", "e3nn", "cuequivariance", "cuequivariance_torch")
     imported = sorted(name for name in sys.modules if name.split(".")[0] in roots)
     print(json.dumps({"results": results, "imported": imported}))
     """

@@ -64,6 +64,16 @@ class EnergyModel(torch.nn.Module):
         raise NotImplementedError
 
     @torch.jit.unused
+    def parameter_layout(self) -> str:
+        """How the parameters an optimizer holds are laid out: an architecture may train
+        them in another layout than its state_dict gives (MACE on cuequivariance)."""
+        return "default"
+
+    @torch.jit.unused
+    def use_kernels_for(self, device: torch.device) -> None:
+        """Before training on ``device``: the kernels the architecture prefers there."""
+
+    @torch.jit.unused
     def details(self) -> list[str]:
         """What the log says of the model besides its parameters, e.g. '1344 features'."""
         return []

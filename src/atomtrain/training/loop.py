@@ -20,7 +20,9 @@ import tqdm
 
 from ..data.frames import FrameSet
 from ..distributed import Context
+from ..errors import AtomtrainError
 from ..models import registry
+from ..models.energy_model import EnergyModel
 from ..models.export import export
 from ..options import Options, expanded
 from .baseline import refit_baseline
@@ -68,6 +70,17 @@ def selection_metric(metrics: dict[str, float], options: Options) -> float:
     return total
 
 
+def check_layout(state: dict[str, Any], model: EnergyModel) -> None:
+    """The optimizer's state of a checkpoint fits only parameters of its layout."""
+    saved, used = state.get("parameter_layout", "default"), model.parameter_layout()
+    if saved != used:
+        raise AtomtrainError(
+            f"the checkpoint's optimizer state is for the {saved} layout of the model's "
+            f"weights, this run trains in the {used} one (MACE: cuequivariance on CUDA); "
+            "resume where the checkpoint was trained, or set architecture.model.cueq to match"
+        )
+
+
 class Trainer:
     """State of one training run; ``fit`` drives it."""
 
@@ -107,6 +120,7 @@ class Trainer:
             write_run_record(run.directory, record, self.datasets.split)
         registry.architecture(options.architecture.name).check_device(context.device)
         self.model.to(context.device)
+        self.model.use_kernels_for(context.device)
         context.broadcast_parameters(self.model)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.parameters, self.training_options)
@@ -128,6 +142,7 @@ class Trainer:
         self.best_epoch = -1
         self.best_state = copy.deepcopy(self.model.state_dict())
         if state is not None:
+            check_layout(state, self.model)
             self.optimizer.load_state_dict(state["optimizer_state"])
             self.scheduler.load_state_dict(state["scheduler_state"])
             if "plateau_state" in state:
@@ -268,6 +283,7 @@ class Trainer:
             "dtype": str(self.dtype).removeprefix("torch."),
             "model_state": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "optimizer_state": self.optimizer.state_dict(),
+            "parameter_layout": self.model.parameter_layout(),
             "scheduler_state": self.scheduler.state_dict(),
             "plateau_state": self.plateau.state_dict(),
             "epoch": epoch,

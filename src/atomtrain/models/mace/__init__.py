@@ -48,6 +48,7 @@ def script(model: torch.nn.Module) -> torch.jit.ScriptModule:
     from .library import import_mace
 
     _, _, jit = import_mace()
+    model.use_e3nn()  # export's own copy: cuequivariance's modules stay out of the file
     return jit.compile(model)
 
 

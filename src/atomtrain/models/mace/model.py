@@ -4,7 +4,9 @@ zero, its scale one and shift zero, for a model built here)."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import torch
 from ...errors import AtomtrainError
 from ..energy_model import EnergyModel
 from ..export import first_line
-from . import ARCHITECTURE_NAME
+from . import ARCHITECTURE_NAME, cuequivariance
 from .library import import_mace
 from .options import ModelOptions
 
@@ -56,6 +58,15 @@ def new_mace(options: ModelOptions, atomic_types: list[int], average_neighbors: 
     ).to(torch.float64)
 
 
+class E3nnTwin:
+    """The e3nn-layout ScaleShiftMACE beside one that trains on cuequivariance's kernels:
+    not a submodule, so that parameters(), to() and the optimizer see only the one that
+    trains; state_dict and load_state_dict go through it."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+
 @jit.compile_mode("script")
 class MaceModel(EnergyModel):
     """Atomic energy: MACE's node energy of the atom's environment within r_max."""
@@ -81,11 +92,66 @@ class MaceModel(EnergyModel):
             # annotations in e3nn's code, which no user can act on
             warnings.filterwarnings("ignore", "The TorchScript type system", UserWarning)
             self.mace = new_mace(options, self.atomic_types, float(average_neighbors), extra)
+        self.e3nn_twin: E3nnTwin | None = None  # set while on cuequivariance's kernels
         # a model read from a file keeps its E0s inside MACE; the baseline stays zero
 
     def set_precision(self, dtype: torch.dtype) -> MaceModel:
         self.mace.to(dtype)
+        if self.e3nn_twin is not None:
+            self.e3nn_twin.module.to(dtype)
         return self
+
+    @torch.jit.unused
+    def parameter_layout(self) -> str:
+        return cuequivariance.LAYOUT if self.e3nn_twin is not None else super().parameter_layout()
+
+    @torch.jit.unused
+    def use_kernels_for(self, device: torch.device) -> None:
+        """cuequivariance's kernels when the section's ``cueq`` asks for them on
+        ``device``; the same weights, in their layout."""
+        if self.e3nn_twin is None and cuequivariance.wanted(
+            self.hypers["model"].get("cueq"), device
+        ):
+            twin = self.mace
+            self.mace = cuequivariance.to_cuequivariance(twin, device).to(device)
+            self.e3nn_twin = E3nnTwin(twin)
+
+    @torch.jit.unused
+    def use_e3nn(self) -> None:
+        """Back to e3nn's modules (which TorchScript export and every engine take)."""
+        if self.e3nn_twin is not None:
+            twin = self.e3nn_twin.module
+            cuequivariance.copy_weights(self.mace, twin, to_cueq=False)
+            self.mace = twin.to(self.mace_dtype())
+            self.e3nn_twin = None
+
+    @contextlib.contextmanager
+    def twin_in_place(self) -> Iterator[torch.nn.Module]:
+        assert self.e3nn_twin is not None
+        trained = self.mace
+        self._modules["mace"] = self.e3nn_twin.module
+        try:
+            yield trained
+        finally:
+            self._modules["mace"] = trained
+
+    @torch.jit.unused
+    def state_dict(self, *args, **kwargs):
+        """In e3nn's layout whatever the kernels, so checkpoints and exports are alike."""
+        if self.e3nn_twin is None:
+            return super().state_dict(*args, **kwargs)
+        cuequivariance.copy_weights(self.mace, self.e3nn_twin.module, to_cueq=False)
+        with self.twin_in_place():
+            return super().state_dict(*args, **kwargs)
+
+    @torch.jit.unused
+    def load_state_dict(self, state_dict, *args, **kwargs):
+        if self.e3nn_twin is None:
+            return super().load_state_dict(state_dict, *args, **kwargs)
+        with self.twin_in_place() as trained:
+            result = super().load_state_dict(state_dict, *args, **kwargs)
+        cuequivariance.copy_weights(self.e3nn_twin.module, trained, to_cueq=True)
+        return result
 
     @torch.jit.unused
     def details(self) -> list[str]:
@@ -94,6 +160,7 @@ class MaceModel(EnergyModel):
             f"{model['num_interactions']} interactions of {model['hidden_irreps']}",
             f"correlation {model['correlation']}",
             f"{self.hypers['facts']['average_neighbors']:.2f} neighbors on average",
+            *([cuequivariance.description()] if self.e3nn_twin is not None else []),
         ]
 
     def atomic_outputs(

@@ -79,6 +79,12 @@ class ModelOptions(Strict):
     """Sum only the last layer's readout into the energy."""
     use_agnostic_product: bool = False
     """Element-agnostic products."""
+    cueq: bool | None = None
+    """NVIDIA's cuequivariance kernels for the tensor products (mace_run_train's
+    --enable_cueq): unset, used when training on a CUDA device with cuequivariance-torch
+    installed (pip install cuequivariance-torch cuequivariance-ops-torch-cu12); true,
+    always (on a CPU through its slower PyTorch code, for checking); false, never. The
+    same model either way: checkpoints and exports hold e3nn's layout of the weights."""
 
     _lacking = default_only(
         {
