@@ -66,6 +66,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--architecture", default="soap_bpnn", choices=registry.known())
+    parser.add_argument(
+        "--cueq",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="MACE's section's cueq: auto (cuequivariance on CUDA when installed), or not",
+    )
     arguments = parser.parse_args()
     keep_freed_memory()
     dtype = getattr(torch, arguments.dtype)
@@ -83,11 +89,14 @@ def main() -> None:
     )
     for batch_size in arguments.batch_sizes:
         batches = batches_of(structures, batch_size, arguments.steps + WARM_UP_STEPS)
-        model = registry.new_model(arguments.architecture, types).set_precision(dtype)
-        training, inference = throughput(model.to(device), batches, stress, device, dtype)
+        section = {} if arguments.cueq == "auto" else {"cueq": arguments.cueq == "true"}
+        model = registry.new_model(arguments.architecture, types, **section)
+        model.set_precision(dtype).to(device)
+        model.use_kernels_for(torch.device(device))  # as the trainer does
+        training, inference = throughput(model, batches, stress, device, dtype)
         print(
             f"  batch {batch_size:4d}: training {training:8.0f} structures/s, "
-            f"inference {inference:8.0f} structures/s"
+            f"inference {inference:8.0f} structures/s ({', '.join(model.details())})"
         )
 
 

@@ -16,6 +16,9 @@
 # 7. MACE (when mace-torch is installed): the GPU gives the CPU's results, the MACE
 #    example trains on the GPU for two epochs, its metatomic export runs there, and its
 #    throughput.
+# 8. MACE on cuequivariance's kernels (when cuequivariance-torch is installed): the GPU's
+#    predictions equal the CPU's e3nn ones, the example trains on them (the log names
+#    the kernels), and throughput with and without them.
 # Each step prints what it checked; the script stops at the first failure.
 set -euo pipefail
 
@@ -64,9 +67,20 @@ if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("mac
     python "$ROOT/scripts/gpu_matches_cpu.py" "$ROOT/examples/silicon/si_train.xyz" --architecture mace --tolerance "$TOLERANCE"
     python "$ROOT/scripts/gpu_matches_cpu.py" ethanol_1000.xyz --architecture mace --tolerance "$TOLERANCE"
     sed 's|read_from: ../ethanol/ethanol_1000.xyz|read_from: ethanol_1000.xyz|' "$ROOT/examples/mace/options.yaml" > mace.yaml
-    time atomtrain train mace.yaml -o mace.pt "${OVERRIDES[@]}" -r architecture.training.batch_size=32
+    time atomtrain train mace.yaml -o mace.pt "${OVERRIDES[@]}" -r architecture.training.batch_size=32 -r architecture.model.cueq=false
     python "$ROOT/scripts/gpu_metatomic_matches_cpu.py" mace.pt ethanol_1000.xyz
-    python "$ROOT/benchmarks/gpu_throughput.py" ethanol_1000.xyz --architecture mace --batch-sizes 8 64 --steps 10
+    python "$ROOT/benchmarks/gpu_throughput.py" ethanol_1000.xyz --architecture mace --batch-sizes 8 64 --steps 10 --cueq false
+    # 8. cuequivariance
+    if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("cuequivariance_torch") is None)'; then
+        python "$ROOT/scripts/gpu_matches_cpu.py" ethanol_1000.xyz --architecture mace --cueq --tolerance "$TOLERANCE"
+        time atomtrain train mace.yaml -o mace_cueq.pt "${OVERRIDES[@]}" -r architecture.training.batch_size=32 \
+            -r architecture.model.cueq=true 2>&1 | tee mace_cueq.log
+        grep -q "cuequivariance kernels" mace_cueq.log
+        python "$ROOT/scripts/gpu_metatomic_matches_cpu.py" mace_cueq.pt ethanol_1000.xyz
+        python "$ROOT/benchmarks/gpu_throughput.py" ethanol_1000.xyz --architecture mace --batch-sizes 8 64 --steps 10 --cueq true
+    else
+        echo "gpu_check: cuequivariance-torch is not installed; its steps skipped"
+    fi
 else
     echo "gpu_check: mace-torch is not installed; MACE steps skipped"
 fi
