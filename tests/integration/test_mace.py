@@ -290,6 +290,24 @@ def test_a_run_on_cuequivariance_kernels_resumes_exactly_and_exports_e3nn(tmp_pa
     assert "cuequivariance" in line and "architecture.model.cueq" in line
 
 
+@pytest.mark.parametrize(
+    "correlation, installed, fragment",
+    [(4, True, "correlation 2 or 3"), (2, False, "pip install cuequivariance-torch")],
+)
+def test_cueq_that_cannot_be_honoured_is_one_line(
+    tmp_path, monkeypatch, capsys, correlation, installed, fragment
+):
+    from atomtrain.models.mace import cuequivariance
+
+    monkeypatch.setattr(cuequivariance, "installed", lambda: installed)
+    model = {**TINY_MACE, "correlation": correlation, "cueq": True}
+    options = mace_options(tmp_path, architecture__model=model)
+    capsys.readouterr()
+    assert main(["train", str(options), "--run-dir", str(tmp_path / "run")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "architecture.model.cueq is true" in line and fragment in line
+
+
 METATRAIN_OPTIONS = """
 seed: 42
 base_precision: 64

@@ -19,6 +19,7 @@ import torch
 from ...errors import AtomtrainError
 
 LAYOUT = "cuequivariance"
+CONVERTIBLE_CORRELATIONS = (2, 3)  # mace.cli.convert_e3nn_cueq.get_kmax_pairs
 INSTALL = "pip install cuequivariance-torch cuequivariance-ops-torch-cu12"
 
 
@@ -33,14 +34,22 @@ def description() -> str:
     return "cuequivariance kernels"
 
 
-def wanted(setting: bool | None, device: torch.device) -> bool:
-    """``cueq`` of the model section on ``device``: unset means on CUDA when installed."""
+def wanted(section: dict, device: torch.device) -> bool:
+    """The model section's ``cueq`` on ``device``: unset means on CUDA when installed and
+    mace-torch can convert the model (correlation 2 or 3)."""
+    setting, correlation = section.get("cueq"), int(section["correlation"])
+    convertible = correlation in CONVERTIBLE_CORRELATIONS
     if setting is None:
-        return device.type == "cuda" and installed()
+        return device.type == "cuda" and installed() and convertible
     if setting and not installed():
         raise AtomtrainError(
             f"architecture.model.cueq is true but cuequivariance-torch is not installed: "
             f"run '{INSTALL}', or set cueq: false"
+        )
+    if setting and not convertible:
+        raise AtomtrainError(
+            f"architecture.model.cueq is true, but mace-torch converts models of "
+            f"correlation 2 or 3 to cuequivariance, not {correlation}; set cueq: false"
         )
     return setting
 
@@ -74,12 +83,6 @@ def to_cuequivariance(e3nn_model: torch.nn.Module, device: torch.device) -> torc
     """A new ScaleShiftMACE on cuequivariance's kernels with ``e3nn_model``'s weights."""
     from mace.cli.convert_e3nn_cueq import run
 
-    correlation = int(settings(e3nn_model)["correlation"])
-    if correlation not in (2, 3):
-        raise AtomtrainError(
-            f"architecture.model.cueq: mace-torch converts models of correlation 2 or 3 "
-            f"to cuequivariance, not {correlation}; set cueq: false"
-        )
     with default_dtype_kept(), warnings.catch_warnings():
         # mace's constructor warns about its own tensor copies; cuequivariance, on each
         # module, that its CUDA kernels are absent (said once, in the log, instead)

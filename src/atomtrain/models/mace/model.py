@@ -109,9 +109,7 @@ class MaceModel(EnergyModel):
     def use_kernels_for(self, device: torch.device) -> None:
         """cuequivariance's kernels when the section's ``cueq`` asks for them on
         ``device``; the same weights, in their layout."""
-        if self.e3nn_twin is None and cuequivariance.wanted(
-            self.hypers["model"].get("cueq"), device
-        ):
+        if self.e3nn_twin is None and cuequivariance.wanted(self.hypers["model"], device):
             twin = self.mace
             self.mace = cuequivariance.to_cuequivariance(twin, device).to(device)
             self.e3nn_twin = E3nnTwin(twin)
