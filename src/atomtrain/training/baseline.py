@@ -184,7 +184,8 @@ def refit_baseline(
     )
     for _, batch in batches:
         assert batch.energy is not None  # training data has energies
-        predicted = predict(model, batch.to(context.device, dtype), False, False)["energy"]
+        with torch.no_grad():  # energies only: no graph over the parameters
+            predicted = predict(model, batch.to(context.device, dtype), False, False)["energy"]
         atoms = batch.n_atoms.to(torch.float64)
         counts = composition_counts(
             batch.atomic_numbers, batch.system_index, batch.n_structures, types
