@@ -20,8 +20,8 @@ clipping of the gradient norm at 10, no warmup, and ReduceLROnPlateau (factor 0.
 patience 50 validations, judged every epoch) are mace_run_train's defaults, given to
 both. What differs by design (so errors are not expected to match to the digit): the
 energy baseline (mace_run_train: "--E0s average"; atomtrain: least squares; the same
-for a data set of one composition), the weight decay of embeddings and readouts
-(mace_run_train spares them), the plateau's metric (mace_run_train: its validation
+for a data set of one composition, and atomtrain refits it to the trained model at the
+end: refit_baseline), the plateau's metric (mace_run_train: its validation
 loss; atomtrain: the validation errors weighed as the loss weighs them) and the
 random initialisation and order of the batches.
 """

@@ -308,6 +308,39 @@ def test_cueq_that_cannot_be_honoured_is_one_line(
     assert "architecture.model.cueq is true" in line and fragment in line
 
 
+def test_weight_decay_falls_where_mace_run_train_puts_it():
+    import argparse
+
+    from mace.tools.scripts_utils import get_params_options
+
+    from atomtrain.models.mace import decays
+
+    model = tiny_mace([1, 6, 8])
+    settings = {"lr": 0.01, "weight_decay": 5e-7, "amsgrad": True, "beta": 0.9}
+    arguments = argparse.Namespace(**settings, lr_params_factors="{}", freeze=None)
+    groups = get_params_options(arguments, model.mace)["params"]
+    theirs = {id(p) for group in groups if group["weight_decay"] > 0 for p in group["params"]}
+    ours = {id(parameter) for name, parameter in model.named_parameters() if decays(name)}
+    assert ours == theirs and 0 < len(ours) < len(list(model.parameters()))
+
+
+def test_a_checkpoint_of_one_optimizer_group_is_refused_in_one_line(tmp_path, capsys):
+    """As an atomtrain before MACE's weight decay groups wrote it."""
+    run = tmp_path / "run"
+    options = mace_options(tmp_path, architecture__training__num_epochs=1)
+    assert main(["train", str(options), "--run-dir", str(run)]) == 0
+    state = load_checkpoint(run / "last.ckpt")
+    groups = state["optimizer_state"]["param_groups"]
+    groups[0]["params"] = sorted(index for group in groups for index in group["params"])
+    state["optimizer_state"]["param_groups"] = groups[:1]
+    torch.save(state, run / "last.ckpt")
+    longer = mace_options(tmp_path, architecture__training__num_epochs=2)
+    capsys.readouterr()
+    assert main(["train", str(longer), "--run-dir", str(run), "--restart", "auto"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "optimizer state does not fit" in line and "finetune.read_from" in line
+
+
 METATRAIN_OPTIONS = """
 seed: 42
 base_precision: 64
@@ -358,9 +391,10 @@ def test_a_metatrain_experimental_mace_options_file_trains(tmp_path, monkeypatch
     assert (record["name"], record["training"]["grad_clip_norm"]) == ("mace", 10.0)
     # metatrain's MACE training keys reach the optimizer and the schedule
     state = torch.load(run / "last.ckpt", weights_only=True)
-    (group,) = state["optimizer_state"]["param_groups"]
-    assert group["amsgrad"] is True and group["weight_decay"] == 5e-7
-    assert group["lr"] == pytest.approx(0.01)  # constant: the last step's rate is the peak
+    decayed, spared = state["optimizer_state"]["param_groups"]  # mace_run_train's split
+    assert decayed["amsgrad"] is spared["amsgrad"] is True
+    assert (decayed["weight_decay"], spared["weight_decay"]) == (5e-7, 0.0)
+    assert decayed["lr"] == spared["lr"] == pytest.approx(0.01)  # constant: the peak rate
     # the ASE calculator and eval on the exported model give the checkpoint's predictions
     atoms = ase.io.read(ETHANOL, index=5)
     expected = run_model(best_model(run / "best.ckpt"), [structure_from_atoms(atoms)])

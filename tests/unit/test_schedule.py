@@ -74,7 +74,7 @@ def test_exponential_decay_is_per_epoch():
 
 
 def test_the_optimizer_is_adam_or_adamw_with_the_sections_settings():
-    parameters = [torch.nn.Parameter(torch.zeros(2))]
+    parameters = [("weight", torch.nn.Parameter(torch.zeros(2)))]
     adam = make_optimizer(parameters, TrainingOptions())
     assert type(adam) is torch.optim.Adam and adam.param_groups[0]["betas"] == (0.9, 0.999)
     training = TrainingOptions(optimizer="adamw", beta=0.8, weight_decay=0.1, amsgrad=True)
@@ -82,3 +82,27 @@ def test_the_optimizer_is_adam_or_adamw_with_the_sections_settings():
     (group,) = adamw.param_groups
     assert type(adamw) is torch.optim.AdamW
     assert (group["betas"], group["weight_decay"], group["amsgrad"]) == ((0.8, 0.999), 0.1, True)
+
+
+def test_weight_decay_spares_the_parameters_the_architecture_names():
+    """MACE's convention (mace_run_train's get_params_options): decay on the products and
+    the interactions' linear and skip weights only."""
+    from atomtrain.models.mace import decays
+
+    names = [
+        "mace.node_embedding.linear.weight",
+        "mace.interactions.0.linear_up.weight",
+        "mace.interactions.0.conv_tp_weights.layer0.weight",
+        "mace.interactions.0.linear.weight",
+        "mace.interactions.1.skip_tp_full.weight",
+        "mace.products.0.symmetric_contractions.contractions.0.weights_max",
+        "mace.products.0.linear.weight",
+        "mace.readouts.0.linear.weight",
+    ]
+    parameters = [(name, torch.nn.Parameter(torch.zeros(1))) for name in names]
+    optimizer = make_optimizer(parameters, TrainingOptions(weight_decay=0.01), decays)
+    decayed, spared = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.01 and spared["weight_decay"] == 0.0
+    by_identity = {id(parameter): name for name, parameter in parameters}
+    assert [by_identity[id(p)] for p in decayed["params"]] == names[3:7]
+    assert [by_identity[id(p)] for p in spared["params"]] == names[:3] + names[7:]

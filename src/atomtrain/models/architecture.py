@@ -73,6 +73,9 @@ class Architecture:
     training_defaults: dict[str, Any] = field(default_factory=dict)
     """Defaults of the training section that differ from the common ones (metatrain's
     for the architecture), for the keys an options file leaves unset."""
+    decays: Callable[[str], bool] = field(default=lambda name: True)
+    """Whether weight decay applies to a parameter, by its name in the model (MACE's
+    convention spares embeddings and readouts)."""
     upgrade_hypers: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda h: h)
     """The record of an older atomtrain version in today's form."""
 

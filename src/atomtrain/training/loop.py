@@ -81,6 +81,18 @@ def check_layout(state: dict[str, Any], model: EnergyModel) -> None:
         )
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    try:
+        optimizer.load_state_dict(state)
+    except ValueError as error:  # torch: groups of other sizes
+        raise AtomtrainError(
+            "the checkpoint's optimizer state does not fit this run's optimizer (written "
+            "by an atomtrain that grouped the parameters otherwise, e.g. before MACE's "
+            "weight decay spared its embeddings and readouts); fine-tune from it instead "
+            "(architecture.training.finetune.read_from)"
+        ) from error
+
+
 class Trainer:
     """State of one training run; ``fit`` drives it."""
 
@@ -118,12 +130,14 @@ class Trainer:
             record = expanded(options)
             record["seed"] = seed
             write_run_record(run.directory, record, self.datasets.split)
-        registry.architecture(options.architecture.name).check_device(context.device)
+        architecture = registry.architecture(options.architecture.name)
+        architecture.check_device(context.device)
         self.model.to(context.device)
         self.model.use_kernels_for(context.device)
         context.broadcast_parameters(self.model)
-        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.parameters, self.training_options)
+        trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        self.parameters = [parameter for _, parameter in trained]
+        self.optimizer = make_optimizer(trained, self.training_options, architecture.decays)
         clip_norm = self.training_options.grad_clip_norm
         self.clip_norm = clip_norm if clip_norm is not None and math.isfinite(clip_norm) else None
         self.steps_per_epoch = self.plan.steps_per_epoch
@@ -143,7 +157,7 @@ class Trainer:
         self.best_state = copy.deepcopy(self.model.state_dict())
         if state is not None:
             check_layout(state, self.model)
-            self.optimizer.load_state_dict(state["optimizer_state"])
+            load_optimizer_state(self.optimizer, state["optimizer_state"])
             self.scheduler.load_state_dict(state["scheduler_state"])
             if "plateau_state" in state:
                 self.plateau.load_state_dict(state["plateau_state"])

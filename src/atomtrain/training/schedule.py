@@ -5,6 +5,7 @@ improving (mace_run_train's and metatrain's MACE schedules, by their names)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -106,12 +107,21 @@ def apply_now(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
 
 
 def make_optimizer(
-    parameters: list[torch.nn.Parameter], training: TrainingOptions
+    parameters: list[tuple[str, torch.nn.Parameter]],
+    training: TrainingOptions,
+    decays: Callable[[str], bool] = lambda name: True,
 ) -> torch.optim.Optimizer:
-    """Adam or AdamW as the training section sets them."""
+    """Adam or AdamW as the training section sets them; weight decay only on the
+    parameters ``decays`` names (the architecture's choice), the others in a group of
+    their own."""
     kind = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
+    decayed = [parameter for name, parameter in parameters if decays(name)]
+    spared = [parameter for name, parameter in parameters if not decays(name)]
+    groups = [{"params": decayed}] if decayed else []
+    if spared:
+        groups.append({"params": spared, "weight_decay": 0.0})
     return kind(
-        parameters,
+        groups,
         lr=training.learning_rate,
         betas=(training.beta, 0.999),
         weight_decay=training.weight_decay,

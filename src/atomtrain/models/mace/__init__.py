@@ -52,6 +52,16 @@ def script(model: torch.nn.Module) -> torch.jit.ScriptModule:
     return jit.compile(model)
 
 
+def decays(name: str) -> bool:
+    """mace-torch's choice (mace_run_train, metatrain): weight decay on the products and
+    on the interactions' linear and skip weights; none on the embedding, the radial
+    MLPs or the readouts."""
+    if name.startswith("mace.products."):
+        return True
+    interaction = name.startswith("mace.interactions.")
+    return interaction and ("linear.weight" in name or "skip_tp_full.weight" in name)
+
+
 def average_neighbors_within(options: ModelOptions) -> float | None:
     return options.r_max if options.avg_num_neighbors is None else None
 
@@ -64,6 +74,7 @@ ARCHITECTURE = Architecture(
     references=REFERENCES,
     script=script,
     average_neighbors_within=average_neighbors_within,
+    decays=decays,
     scale_from_forces=True,
     start_file_key="mace_model",
     read_file=read_file,
