@@ -158,20 +158,21 @@ def refit_baseline(
     options: Options,
     context: Context,
     dtype: torch.dtype,
-) -> None:
+) -> bool:
     """After training (``refit_baseline``): the free per-element energies again by least
     squares, now on what the trained network leaves of the training energies, each
     structure's equation divided by its atom count (the loss's energy per atom). Sums
-    over each rank's shard, one all-reduce, the same solve everywhere."""
+    over each rank's shard, one all-reduce, the same solve everywhere. Whether it
+    refitted (not when switched off, or when nothing is free to fit)."""
     training_options = options.architecture.training
     if not training_options.refit_baseline or not len(training):
-        return
+        return False
     types = model.atomic_types
     fixed = {int(z) for z in training_options.atomic_baseline}
     free = torch.tensor([z not in fixed for z in types])
     n_free = int(free.sum())
     if not n_free:
-        return
+        return False
     gram = torch.zeros((n_free, n_free), dtype=torch.float64)
     moment = torch.zeros(n_free, dtype=torch.float64)
     indices = local_share(training, context).tolist()
@@ -205,3 +206,4 @@ def refit_baseline(
     model.set_baseline(baseline + shift, float(model.scale))
     listing = ", ".join(f"Z={z}: {e:+.6f} eV" for z, e in zip(types, shift.tolist()))
     logger.info(f"per-element energies refitted to the trained model's residuals ({listing})")
+    return True

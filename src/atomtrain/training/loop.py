@@ -401,7 +401,9 @@ class Trainer:
         context = self.context
         self.model.load_state_dict(self.best_state)
         self.adapt_threads()
-        refit_baseline(self.model, self.datasets.training, self.options, context, self.dtype)
+        refitted = refit_baseline(
+            self.model, self.datasets.training, self.options, context, self.dtype
+        )
         names: list[str] = []
         local: list[torch.Tensor] = []
         for label, part in (("train", "training"), ("validation", "validation"), ("test", "test")):
@@ -415,9 +417,10 @@ class Trainer:
         logger.info(metrics_table(results))
         if context.is_main:
             directory = self.run.directory
-            if self.training_options.refit_baseline:
+            if refitted:
+                best = self.model.state_dict()  # once: MACE on cuequivariance converts it
                 for name in ("best.ckpt", "last.ckpt"):
-                    replace_best_model(directory / name, self.model.state_dict())
+                    replace_best_model(directory / name, best)
             export(self.model, directory / "model.pt")
             if self.run.output_path is not None:
                 export(self.model, self.run.output_path)
