@@ -75,9 +75,10 @@ class MetatomicEnergy(torch.nn.Module):
         ).index_select(0, systems_of_atoms)
         if selected_atoms is not None:
             chosen = selected_atoms.values.to(torch.long)
-            kept = torch.tensor(starts, dtype=torch.long, device=device).index_select(
-                0, chosen[:, 0]
-            ) + chosen[:, 1]
+            kept = (
+                torch.tensor(starts, dtype=torch.long, device=device).index_select(0, chosen[:, 0])
+                + chosen[:, 1]
+            )
             atomic = atomic.index_select(0, kept)
             systems_of_atoms = systems_of_atoms.index_select(0, kept)
             atoms = atoms.index_select(0, kept)
