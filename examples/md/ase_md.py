@@ -111,7 +111,11 @@ def main() -> None:
     dynamics.run(arguments.steps)
     stem = arguments.output / f"md_{arguments.ensemble}"
     write_table(stem.with_suffix(".csv"), rows)
-    plot(stem.with_suffix(".png"), rows, arguments.ensemble)
+    plot(
+        stem.with_suffix(".png"),
+        rows,
+        f"{arguments.ensemble.upper()} molecular dynamics (ASE, metatomic)",
+    )
     total = np.array([row["total_eV"] for row in rows])
     change = 1000 * np.abs(total - total[0]).max() / len(atoms)
     temperature = np.mean([row["temperature_K"] for row in rows[len(rows) // 2 :]])
@@ -134,7 +138,7 @@ def write_table(path: Path, rows: list[dict[str, float]]) -> None:
         writer.writerows(rows)
 
 
-def plot(path: Path, rows: list[dict[str, float]], ensemble: str) -> None:
+def plot(path: Path, rows: list[dict[str, float]], title: str) -> None:
     time = [row["time_fs"] for row in rows]
     figure, (energy_axis, temperature_axis) = plt.subplots(2, 1, sharex=True, figsize=(6, 5))
     energy_axis.plot(time, [row["total_eV"] for row in rows])
@@ -143,7 +147,7 @@ def plot(path: Path, rows: list[dict[str, float]], ensemble: str) -> None:
     temperature_axis.plot(time, [row["temperature_K"] for row in rows])
     temperature_axis.set_ylabel("temperature (K)")
     temperature_axis.set_xlabel("time (fs)")
-    figure.suptitle(f"{ensemble.upper()} molecular dynamics (ASE, metatomic)")
+    figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

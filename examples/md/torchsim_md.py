@@ -1,0 +1,155 @@
+"""Molecular dynamics with an exported atomtrain model in TorchSim, through metatomic.
+
+    python torchsim_md.py ../ethanol/model.pt --ensemble nve --steps 1000
+    python torchsim_md.py ../ethanol/model.pt --ensemble nvt --temperature 300
+
+TorchSim (``pip install torch-sim-atomistic metatomic-torchsim``; TorchSim 0.5 and later
+need Python 3.12) loads the model through metatomic-torchsim's MetatomicModel: this
+script does not import atomtrain. It first checks TorchSim's energy, forces and (for
+periodic cells) stress at the starting positions against metatomic-ase's calculator on
+the same file, then writes md_torchsim_<ensemble>.csv and .png as ase_md.py does, and
+prints the largest change of the total energy in meV per atom.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import ase.io
+import numpy as np
+import torch
+import torch_sim
+from ase_md import plot, write_table
+from metatomic_ase import MetatomicCalculator
+from metatomic_torchsim import MetatomicModel
+from torch_sim.integrators import nve_init, nve_step, nvt_langevin_init, nvt_langevin_step
+from torch_sim.units import MetalUnits
+
+HERE = Path(__file__).resolve().parent
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", type=Path, help="exported model (model.pt)")
+    parser.add_argument(
+        "--structure",
+        type=Path,
+        default=HERE.parent / "ethanol" / "ethanol_1000.xyz",
+        help="starting structure: the first frame of this file (default: bundled ethanol)",
+    )
+    parser.add_argument("--ensemble", choices=["nve", "nvt"], default="nve")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--timestep", type=float, default=0.5, help="fs (default 0.5)")
+    parser.add_argument("--temperature", type=float, default=300.0, help="K (default 300)")
+    parser.add_argument(
+        "--friction", type=float, default=0.01, help="Langevin friction, 1/fs (NVT only)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, default=Path("."), help="directory for files")
+    return parser.parse_args()
+
+
+def check_against_ase(model: MetatomicModel, atoms: ase.Atoms, arguments) -> None:
+    """TorchSim's and metatomic-ase's predictions on the same file and positions: the
+    same model run by two engines, each with its own neighbor list."""
+    state = torch_sim.initialize_state(atoms, device=model.device, dtype=model.dtype)
+    predicted = model(state)
+    reference = atoms.copy()
+    reference.calc = MetatomicCalculator(
+        str(arguments.model), extensions_directory=str(arguments.model.parent / "extensions")
+    )
+    differences = {
+        "energy (eV)": abs(float(predicted["energy"][0]) - reference.get_potential_energy()),
+        "forces (eV/A)": np.abs(
+            predicted["forces"].detach().numpy() - reference.get_forces()
+        ).max(),
+    }
+    if atoms.pbc.all():
+        differences["stress (eV/A^3)"] = np.abs(
+            predicted["stress"][0].detach().numpy() - reference.get_stress(voigt=False)
+        ).max()
+    print(
+        "TorchSim against metatomic-ase at the starting positions, largest difference: "
+        + ", ".join(f"{name} {value:.2e}" for name, value in differences.items())
+    )
+    if max(differences.values()) > 1e-8:
+        sys.exit("TorchSim and metatomic-ase disagree on the same model: see above")
+
+
+def main() -> None:
+    arguments = parse_arguments()
+    torch.set_num_threads(arguments.threads)
+    atoms = ase.io.read(arguments.structure, index=0)
+    # metatomic wants no cell vector along a direction that is not periodic (the bundled
+    # molecules carry a box); metatomic-ase drops them itself, TorchSim does not
+    atoms.cell.array[~atoms.pbc] = 0.0
+    periodic = bool(atoms.pbc.all())
+    # the extensions the model needs (sphericart) were collected beside it at export
+    model = MetatomicModel(
+        str(arguments.model),
+        extensions_directory=str(arguments.model.parent / "extensions"),
+        device="cpu",
+        compute_stress=periodic,
+    )
+    check_against_ase(model, atoms, arguments)
+    state = torch_sim.initialize_state(atoms, device=model.device, dtype=model.dtype)
+    state.rng = arguments.seed
+    kT = torch.tensor(arguments.temperature * MetalUnits.temperature, dtype=model.dtype)
+    timestep = torch.tensor(arguments.timestep * 1e-3 * MetalUnits.time, dtype=model.dtype)
+    if arguments.ensemble == "nve":
+        state = nve_init(state, model, kT=kT)
+
+        def step(state):
+            return nve_step(state, model, dt=timestep)
+    else:
+        state = nvt_langevin_init(state, model, kT=kT)
+        # TorchSim's friction is in 1/ps in metal units
+        gamma = torch.tensor(arguments.friction * 1e3 / MetalUnits.time, dtype=model.dtype)
+
+        def step(state):
+            return nvt_langevin_step(state, model, dt=timestep, kT=kT, gamma=gamma)
+
+    rows: list[dict[str, float]] = []
+    start = time.perf_counter()
+    for number in range(arguments.steps + 1):
+        if number > 0:
+            state = step(state)
+        potential = float(state.energy[0])
+        kinetic = float(
+            torch_sim.quantities.calc_kinetic_energy(masses=state.masses, momenta=state.momenta)
+        )
+        rows.append(
+            {
+                "time_fs": number * arguments.timestep,
+                "total_eV": potential + kinetic,
+                "potential_eV": potential,
+                "kinetic_eV": kinetic,
+                "temperature_K": float(state.calc_temperature()[0]),
+            }
+        )
+    speed = arguments.steps / (time.perf_counter() - start)
+    stem = arguments.output / f"md_torchsim_{arguments.ensemble}"
+    write_table(stem.with_suffix(".csv"), rows)
+    title = f"{arguments.ensemble.upper()} molecular dynamics (TorchSim, metatomic)"
+    plot(stem.with_suffix(".png"), rows, title)
+    total = np.array([row["total_eV"] for row in rows])
+    change = 1000 * np.abs(total - total[0]).max() / len(atoms)
+    temperature = np.mean([row["temperature_K"] for row in rows[len(rows) // 2 :]])
+    summary = (
+        f"largest change of the total energy {change:.4f} meV/atom"
+        if arguments.ensemble == "nve"
+        else f"target {arguments.temperature:.0f} K"
+    )
+    print(
+        f"{arguments.ensemble}: {arguments.steps} steps of {arguments.timestep} fs, "
+        f"{len(atoms)} atoms, {speed:.0f} steps/s; {summary}; mean temperature (second "
+        f"half) {temperature:.0f} K; wrote {stem}.csv and {stem}.png"
+    )
+
+
+if __name__ == "__main__":
+    main()
