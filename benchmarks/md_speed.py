@@ -14,13 +14,17 @@ AtomisticModel, neighbor list given: no ASE, no neighbor search). Conditions: on
 thread; and torch's default threads (all cores) while
 another process keeps one core busy. Everything runs with the interpreter of
 benchmarks/.venv-metatrain (built as compare_metatrain.py builds it), so that both
-models load in the same metatomic. Prints a table; nothing is asserted.
+models load in the same metatomic. With --calculator-before COMMIT, also
+atomtrain.ase.Calculator as it was at COMMIT (a git worktree; the model trained there on
+the same options): e8bb724 is the last commit before the model became a metatomic one.
+Prints a table; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -134,12 +138,58 @@ def structures(directory: Path) -> dict[str, Path]:
     return paths
 
 
-def md_speed(engine: str, model: Path, structure: Path, threads: str, steps: int) -> dict:
+@contextmanager
+def worktree(commit: str | None, directory: Path):
+    """A checkout of ``commit`` (None: no checkout), removed afterwards."""
+    if commit is None:
+        yield None
+        return
+    path = directory / "before"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), commit],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield path / "src"
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
+            capture_output=True,
+        )
+
+
+def train_before(directory: Path, name: str, source: Path) -> Path:
+    """One epoch of atomtrain as it was at an earlier commit (its source at ``source``),
+    on the same options as train_both's; its model.pt."""
+    workdir = directory / f"{name}-before"
+    workdir.mkdir()
+    options = write_inputs(workdir, name, count=40, epochs=1, batch=8)
+    command = [sys.executable, "-m", "atomtrain", "train", options.name, "-o", "model.pt"]
+    environment = {**os.environ, "PYTHONPATH": str(source)}
+    subprocess.run(command, cwd=workdir, check=True, capture_output=True, env=environment)
+    return workdir / "model.pt"
+
+
+def md_speed(
+    engine: str,
+    model: Path,
+    structure: Path,
+    threads: str,
+    steps: int,
+    source: Path | None = None,
+) -> dict:
+    """Steps per second of ``engine``; ``source``: atomtrain's source to import (an
+    earlier commit's) instead of the installed one."""
     script = MODEL_ALONE if engine == "model alone" else MD_RUN
+    environment = dict(os.environ)
+    if source is not None:
+        environment["PYTHONPATH"] = str(source)
     result = subprocess.run(
         [str(PYTHON), "-c", script, engine, str(model), str(structure), threads, str(steps)],
         capture_output=True,
         text=True,
+        env=environment,
     )
     if result.returncode != 0:
         raise RuntimeError(f"{engine} on {model}: {result.stderr[-2000:]}")
@@ -150,6 +200,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--calculator-before",
+        metavar="COMMIT",
+        help="also time atomtrain.ase.Calculator as it was at COMMIT (e.g. e8bb724)",
+    )
     arguments = parser.parse_args()
     mtt = ensure_metatrain()
     cases = [
@@ -160,33 +215,49 @@ def main() -> None:
         ("metatrain", "model alone"),
     ]
     conditions = [("1 thread", "1", False), ("all cores, one busy", "default", True)]
+    if arguments.calculator_before:
+        cases.append(("before", "atomtrain.ase"))
     with tempfile.TemporaryDirectory() as temporary:
         directory = Path(temporary)
         starts = structures(directory)
         rows = []
-        for name in ("ethanol", "silicon"):
-            models = train_both(directory, name, mtt)
-            for label, threads, busy in conditions:
-                speeds: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
-                used = {}
-                with busy_core(busy):
-                    for _ in range(arguments.repeats):
-                        for tool, engine in cases:  # alternated within each repeat
-                            result = md_speed(
-                                engine, models[tool], starts[name], threads, arguments.steps
-                            )
-                            speeds[(tool, engine)].append(result["steps_per_second"])
-                            used[(tool, engine)] = result["threads"]
-                medians = {case: statistics.median(values) for case, values in speeds.items()}
-                rows.append((name, label, medians, used))
-                print_row(name, label, medians, used, speeds)
+        with worktree(arguments.calculator_before, directory) as before:
+            for name in ("ethanol", "silicon"):
+                models = train_both(directory, name, mtt)
+                if before is not None:
+                    models["before"] = train_before(directory, name, before)
+                for label, threads, busy in conditions:
+                    speeds, used = time_cases(
+                        cases, models, starts[name], threads, busy, arguments, before
+                    )
+                    medians = {case: statistics.median(values) for case, values in speeds.items()}
+                    rows.append((name, label, medians, used))
+                    print_row(name, label, medians, used, speeds)
+    print_table(rows)
+
+
+def time_cases(cases, models, start, threads, busy, arguments, before):
+    """Steps per second of each case, --repeats times, the cases alternated."""
+    speeds: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
+    used = {}
+    with busy_core(busy):
+        for _ in range(arguments.repeats):
+            for tool, engine in cases:
+                source = before if tool == "before" else None
+                result = md_speed(engine, models[tool], start, threads, arguments.steps, source)
+                speeds[(tool, engine)].append(result["steps_per_second"])
+                used[(tool, engine)] = result["threads"]
+    return speeds, used
+
+
+def print_table(rows) -> None:
     print()
     print(
         "| system | condition | atomtrain via metatomic | metatrain via metatomic | ratio "
         "| atomtrain.ase.Calculator | metatomic / own | model alone: atomtrain, metatrain, "
-        "ratio |"
+        "ratio | calculator before metatomic | metatomic / before |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, label, medians, _ in rows:
         mine = medians[("atomtrain", "metatomic")]
         theirs = medians[("metatrain", "metatomic")]
@@ -196,8 +267,15 @@ def main() -> None:
         print(
             f"| {name} | {label} | {mine:.0f}/s | {theirs:.0f}/s | {mine / theirs:.2f}x | "
             f"{own:.0f}/s | {mine / own:.2f}x | {alone:.0f}/s, {alone_theirs:.0f}/s, "
-            f"{alone / alone_theirs:.2f}x |"
+            f"{alone / alone_theirs:.2f}x | " + before_columns(mine, medians)
         )
+
+
+def before_columns(mine: float, medians) -> str:
+    before = medians.get(("before", "atomtrain.ase"))
+    if before is None:
+        return "- | - |"
+    return f"{before:.0f}/s | {mine / before:.2f}x |"
 
 
 def print_row(name, label, medians, used, speeds) -> None:
