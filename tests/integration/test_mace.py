@@ -302,10 +302,11 @@ def test_cueq_that_cannot_be_honoured_is_one_line(
     monkeypatch.setattr(cuequivariance, "installed", lambda: installed)
     model = {**TINY_MACE, "correlation": correlation, "cueq": True}
     options = mace_options(tmp_path, architecture__model=model)
-    capsys.readouterr()
-    assert main(["train", str(options), "--run-dir", str(tmp_path / "run")]) == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "architecture.model.cueq is true" in line and fragment in line
+    for check in ([], ["--check"]):  # refused before the data is read, --check too
+        capsys.readouterr()
+        assert main(["train", str(options), "--run-dir", str(tmp_path / "run"), *check]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "architecture.model.cueq is true" in line and fragment in line
 
 
 def test_weight_decay_falls_where_mace_run_train_puts_it():

@@ -48,6 +48,10 @@ class Architecture:
     """The exported model's references (metatomic's 'architecture' list and others)."""
     check_device: Callable[[torch.device], None] = nothing_to_do
     """Fails with one line when the model cannot run on a device (its kernels)."""
+    check_section: Callable[[BaseModel], None] = nothing_to_do
+    """Fails with one line when its section asks for what this installation lacks
+    (MACE's ``cueq: true`` without cuequivariance): called before any data is read, and
+    by ``train --check``."""
     extensions: tuple[str, ...] = ()
     """Names of the torch extension libraries its TorchScript code calls (e.g.
     'sphericart'): export collects these beside the model, and no other library the

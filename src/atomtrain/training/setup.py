@@ -147,6 +147,7 @@ def prepare(
     batches. Collective over ``context`` (the baseline is fitted from every rank's
     share)."""
     check_cache_setting()
+    registry.architecture(options.architecture.name).check_section(options.architecture.model)
     datasets = load_datasets(options, seed)
     logger.info(describe_data(datasets))
     training = datasets.training

@@ -62,6 +62,15 @@ def decays(name: str) -> bool:
     return interaction and ("linear.weight" in name or "skip_tp_full.weight" in name)
 
 
+def check_section(options: ModelOptions) -> None:
+    """``cueq: true`` that this installation or the model's correlation cannot honour,
+    refused before the data is read (the kernels are chosen once the model meets its
+    device, in the trainer)."""
+    from . import cuequivariance
+
+    cuequivariance.wanted(options.model_dump(), torch.device("cpu"))
+
+
 def average_neighbors_within(options: ModelOptions) -> float | None:
     return options.r_max if options.avg_num_neighbors is None else None
 
@@ -75,6 +84,7 @@ ARCHITECTURE = Architecture(
     script=script,
     average_neighbors_within=average_neighbors_within,
     decays=decays,
+    check_section=check_section,
     scale_from_forces=True,
     start_file_key="mace_model",
     read_file=read_file,
