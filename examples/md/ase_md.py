@@ -32,8 +32,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-def parse_arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def md_parser(description: str) -> argparse.ArgumentParser:
+    """The options of this script and of torchsim_md.py."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("model", type=Path, help="exported model (model.pt)")
     parser.add_argument(
         "--structure",
@@ -57,11 +58,11 @@ def parse_arguments() -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=Path("."), help="directory for files")
-    return parser.parse_args()
+    return parser
 
 
 def main() -> None:
-    arguments = parse_arguments()
+    arguments = md_parser(__doc__.split("\n\n")[0]).parse_args()
     torch.set_num_threads(arguments.threads)
     atoms = ase.io.read(arguments.structure, index=0)
     # the extensions the model needs (sphericart) were collected beside it at export
@@ -109,25 +110,35 @@ def main() -> None:
 
     dynamics.attach(record, interval=1)  # called at the start too
     dynamics.run(arguments.steps)
-    stem = arguments.output / f"md_{arguments.ensemble}"
+    report(rows, arguments, len(atoms), "ASE")
+
+
+def report(
+    rows: list[dict[str, float]],
+    arguments: argparse.Namespace,
+    n_atoms: int,
+    engine: str,
+    speed: float | None = None,
+) -> None:
+    """Writes the table and the plot, and prints what happened, in one line."""
+    prefix = "md" if engine == "ASE" else f"md_{engine.lower()}"
+    stem = arguments.output / f"{prefix}_{arguments.ensemble}"
     write_table(stem.with_suffix(".csv"), rows)
-    plot(
-        stem.with_suffix(".png"),
-        rows,
-        f"{arguments.ensemble.upper()} molecular dynamics (ASE, metatomic)",
-    )
+    title = f"{arguments.ensemble.upper()} molecular dynamics ({engine}, metatomic)"
+    plot(stem.with_suffix(".png"), rows, title)
     total = np.array([row["total_eV"] for row in rows])
-    change = 1000 * np.abs(total - total[0]).max() / len(atoms)
+    change = 1000 * np.abs(total - total[0]).max() / n_atoms
     temperature = np.mean([row["temperature_K"] for row in rows[len(rows) // 2 :]])
     summary = (
         f"largest change of the total energy {change:.4f} meV/atom"
         if arguments.ensemble == "nve"
         else f"target {arguments.temperature:.0f} K"
     )
+    rate = f", {speed:.0f} steps/s" if speed is not None else ""
     print(
         f"{arguments.ensemble}: {arguments.steps} steps of {arguments.timestep} fs, "
-        f"{len(atoms)} atoms; {summary}; mean temperature (second half) {temperature:.0f} K; "
-        f"wrote {stem}.csv and {stem}.png"
+        f"{n_atoms} atoms{rate}; {summary}; mean temperature (second half) "
+        f"{temperature:.0f} K; wrote {stem}.csv and {stem}.png"
     )
 
 

@@ -13,44 +13,18 @@ prints the largest change of the total energy in meV per atom.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
 import ase.io
 import numpy as np
 import torch
 import torch_sim
-from ase_md import plot, write_table
+from ase_md import md_parser, report
 from metatomic_ase import MetatomicCalculator
 from metatomic_torchsim import MetatomicModel
 from torch_sim.integrators import nve_init, nve_step, nvt_langevin_init, nvt_langevin_step
 from torch_sim.units import MetalUnits
-
-HERE = Path(__file__).resolve().parent
-
-
-def parse_arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", type=Path, help="exported model (model.pt)")
-    parser.add_argument(
-        "--structure",
-        type=Path,
-        default=HERE.parent / "ethanol" / "ethanol_1000.xyz",
-        help="starting structure: the first frame of this file (default: bundled ethanol)",
-    )
-    parser.add_argument("--ensemble", choices=["nve", "nvt"], default="nve")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--timestep", type=float, default=0.5, help="fs (default 0.5)")
-    parser.add_argument("--temperature", type=float, default=300.0, help="K (default 300)")
-    parser.add_argument(
-        "--friction", type=float, default=0.01, help="Langevin friction, 1/fs (NVT only)"
-    )
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=Path("."), help="directory for files")
-    return parser.parse_args()
 
 
 def check_against_ase(model: MetatomicModel, atoms: ase.Atoms, arguments) -> None:
@@ -81,7 +55,7 @@ def check_against_ase(model: MetatomicModel, atoms: ase.Atoms, arguments) -> Non
 
 
 def main() -> None:
-    arguments = parse_arguments()
+    arguments = md_parser(__doc__.split("\n\n")[0]).parse_args()
     torch.set_num_threads(arguments.threads)
     atoms = ase.io.read(arguments.structure, index=0)
     # metatomic wants no cell vector along a direction that is not periodic (the bundled
@@ -132,23 +106,7 @@ def main() -> None:
             }
         )
     speed = arguments.steps / (time.perf_counter() - start)
-    stem = arguments.output / f"md_torchsim_{arguments.ensemble}"
-    write_table(stem.with_suffix(".csv"), rows)
-    title = f"{arguments.ensemble.upper()} molecular dynamics (TorchSim, metatomic)"
-    plot(stem.with_suffix(".png"), rows, title)
-    total = np.array([row["total_eV"] for row in rows])
-    change = 1000 * np.abs(total - total[0]).max() / len(atoms)
-    temperature = np.mean([row["temperature_K"] for row in rows[len(rows) // 2 :]])
-    summary = (
-        f"largest change of the total energy {change:.4f} meV/atom"
-        if arguments.ensemble == "nve"
-        else f"target {arguments.temperature:.0f} K"
-    )
-    print(
-        f"{arguments.ensemble}: {arguments.steps} steps of {arguments.timestep} fs, "
-        f"{len(atoms)} atoms, {speed:.0f} steps/s; {summary}; mean temperature (second "
-        f"half) {temperature:.0f} K; wrote {stem}.csv and {stem}.png"
-    )
+    report(rows, arguments, len(atoms), "TorchSim", speed)
 
 
 if __name__ == "__main__":
