@@ -136,9 +136,21 @@ ENGINE_SIDE = textwrap.dedent(
     for result, energy, forces in zip(results, batched["energy"], batched["forces"]):
         result["batched_energy"] = float(energy)
         result["batched_forces"] = np.asarray(forces).tolist()
+    # per-atom energies of several systems in one call, all and a selection across them
+    per_atom = {"energy": ModelOutput(sample_kind="atom")}
+    block = calculator.run_model(frames, per_atom)["energy"].block()
+    last = len(frames) - 1
+    across = Labels(["system", "atom"], torch.tensor([[last, 2], [0, 1]], dtype=torch.int32))
+    chosen = calculator.run_model(frames, per_atom, selected_atoms=across)["energy"].block()
+    batched_atoms = {
+        "samples": block.samples.values.tolist(),
+        "energies": block.values.detach().reshape(-1).tolist(),
+        "selected_samples": chosen.samples.values.tolist(),
+        "selected_energies": chosen.values.detach().reshape(-1).tolist(),
+    }
     roots = ("atomtrain", "sphericart", "mace", "e3nn", "cuequivariance", "cuequivariance_torch")
     imported = sorted(name for name in sys.modules if name.split(".")[0] in roots)
-    print(json.dumps({"results": results, "imported": imported}))
+    print(json.dumps({"results": results, "batched_atoms": batched_atoms, "imported": imported}))
     """
 )
 
@@ -196,6 +208,17 @@ def test_metatomic_calculator_gives_atomtrains_predictions(case, request, tmp_pa
         np.testing.assert_allclose(
             result["selected_energies"], result["energies"][1:3], atol=1e-12, rtol=0
         )
+    batched = engine["batched_atoms"]
+    assert batched["samples"] == [
+        [system, atom] for system, atoms in enumerate(structures) for atom in range(len(atoms))
+    ]
+    singles = [result["energies"] for result in engine["results"]]
+    np.testing.assert_allclose(batched["energies"], sum(singles, []), atol=1e-10, rtol=0)
+    last = len(structures) - 1
+    assert batched["selected_samples"] == [[last, 2], [0, 1]]
+    np.testing.assert_allclose(
+        batched["selected_energies"], [singles[last][2], singles[0][1]], atol=1e-10, rtol=0
+    )
 
 
 def test_the_model_describes_itself(ethanol):

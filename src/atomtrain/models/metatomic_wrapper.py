@@ -65,20 +65,17 @@ class MetatomicEnergy(torch.nn.Module):
         per_atom = outputs["energy"].sample_kind == "atom"
         if len(systems) == 1 and selected_atoms is None and not per_atom:
             # what an MD engine asks at every step: a dozen operations fewer
-            return energy_map(atomic.sum().reshape(1, 1), single_system_labels(device))
+            total = Labels(["system"], torch.zeros((1, 1), dtype=torch.int32, device=device))
+            return energy_map(atomic.sum().reshape(1, 1), total)
+        first_atoms = torch.tensor(starts, dtype=torch.long, device=device)
         counts = torch.tensor([len(system) for system in systems], device=device)
         systems_of_atoms = torch.repeat_interleave(
             torch.arange(len(systems), device=device), counts
         )
-        atoms = torch.arange(offset, device=device) - torch.tensor(
-            starts, device=device
-        ).index_select(0, systems_of_atoms)
+        atoms = torch.arange(offset, device=device) - first_atoms.index_select(0, systems_of_atoms)
         if selected_atoms is not None:
             chosen = selected_atoms.values.to(torch.long)
-            kept = (
-                torch.tensor(starts, dtype=torch.long, device=device).index_select(0, chosen[:, 0])
-                + chosen[:, 1]
-            )
+            kept = first_atoms.index_select(0, chosen[:, 0]) + chosen[:, 1]
             atomic = atomic.index_select(0, kept)
             systems_of_atoms = systems_of_atoms.index_select(0, kept)
             atoms = atoms.index_select(0, kept)
@@ -102,10 +99,6 @@ def joined(tensors: List[torch.Tensor]) -> torch.Tensor:
     if len(tensors) == 1:
         return tensors[0]
     return torch.cat(tensors)
-
-
-def single_system_labels(device: torch.device) -> Labels:
-    return Labels(["system"], torch.zeros((1, 1), dtype=torch.int32, device=device))
 
 
 def energy_map(values: torch.Tensor, samples: Labels) -> Dict[str, TensorMap]:
