@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from pathlib import Path
 
 import ase.io
@@ -32,8 +33,30 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
+def md_arguments(description: str) -> argparse.Namespace:
+    """The options of this script and of torchsim_md.py; a missing file is one line and
+    exit code 2, before anything loads."""
+    arguments = md_parser(description).parse_args()
+    extensions = arguments.model.parent / "extensions"
+    for path, what in [
+        (
+            arguments.model,
+            "model file not found (the README's quick start writes examples/ethanol/model.pt)",
+        ),
+        (
+            extensions,
+            "the model's extensions directory is not beside it (export writes "
+            "model.pt and extensions/ together; move them together)",
+        ),
+        (arguments.structure, "structure file not found"),
+    ]:
+        if not path.exists():
+            print(f"{path}: {what}", file=sys.stderr)
+            sys.exit(2)
+    return arguments
+
+
 def md_parser(description: str) -> argparse.ArgumentParser:
-    """The options of this script and of torchsim_md.py."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("model", type=Path, help="exported model (model.pt)")
     parser.add_argument(
@@ -62,7 +85,7 @@ def md_parser(description: str) -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    arguments = md_parser(__doc__.split("\n\n")[0]).parse_args()
+    arguments = md_arguments(__doc__.split("\n\n")[0])
     torch.set_num_threads(arguments.threads)
     atoms = ase.io.read(arguments.structure, index=0)
     # the extensions the model needs (sphericart) were collected beside it at export

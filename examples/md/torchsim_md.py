@@ -20,7 +20,7 @@ import ase.io
 import numpy as np
 import torch
 import torch_sim
-from ase_md import md_parser, report
+from ase_md import md_arguments, report
 from metatomic_ase import MetatomicCalculator
 from metatomic_torchsim import MetatomicModel
 from torch_sim.integrators import nve_init, nve_step, nvt_langevin_init, nvt_langevin_step
@@ -55,7 +55,7 @@ def check_against_ase(model: MetatomicModel, atoms: ase.Atoms, arguments) -> Non
 
 
 def main() -> None:
-    arguments = md_parser(__doc__.split("\n\n")[0]).parse_args()
+    arguments = md_arguments(__doc__.split("\n\n")[0])
     torch.set_num_threads(arguments.threads)
     atoms = ase.io.read(arguments.structure, index=0)
     # metatomic wants no cell vector along a direction that is not periodic (the bundled

@@ -5,8 +5,21 @@
 # autograd) and talks to i-PI over a UNIX socket. Writes md.out, md.pos_0.extxyz and
 # md_ipi_<ensemble>.png (total energy and temperature over time).
 set -euo pipefail
-model=$(realpath "${1:-../../ethanol/model.pt}")
+model=$(realpath -m "${1:-../../ethanol/model.pt}")
 ensemble=${2:-nve}
+# a missing input is one line and exit code 2, before i-PI starts
+if [ ! -f "$model" ]; then
+  echo "$model: model file not found (the README's quick start writes examples/ethanol/model.pt)" >&2
+  exit 2
+fi
+if [ ! -d "$(dirname "$model")/extensions" ]; then
+  echo "$(dirname "$model")/extensions: the model's extensions directory is not beside it (export writes model.pt and extensions/ together)" >&2
+  exit 2
+fi
+if [ ! -f "$(dirname "$0")/input-$ensemble.xml" ]; then
+  echo "$ensemble: no such ensemble here; use nve or nvt" >&2
+  exit 2
+fi
 cd "$(dirname "$0")"
 address="atomtrain-$$"
 sed "s|<address>atomtrain</address>|<address>$address</address>|" "input-$ensemble.xml" > input.xml
