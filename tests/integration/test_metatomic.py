@@ -334,6 +334,28 @@ def test_ase_nve_conserves_the_total_energy(ethanol, tmp_path):
     assert (tmp_path / "md_nve.png").stat().st_size > 10_000
 
 
+def test_md_examples_refuse_missing_files_in_one_line(ethanol, tmp_path):
+    """ase_md.py and ipi/run.sh: a missing model, or a model moved without its
+    extensions, is one line naming the path and exit code 2."""
+    model, _ = ethanol
+    alone = tmp_path / "alone" / "model.pt"
+    alone.parent.mkdir()
+    alone.write_bytes(model.read_bytes())
+    commands = [
+        [sys.executable, str(EXAMPLES / "md" / "ase_md.py")],
+        ["bash", str(EXAMPLES / "md" / "ipi" / "run.sh")],
+    ]
+    for command in commands:
+        for path, fragment in [
+            (tmp_path / "missing.pt", "model file not found"),
+            (alone, "extensions directory is not beside it"),
+        ]:
+            result = subprocess.run([*command, str(path)], capture_output=True, text=True)
+            assert result.returncode == 2, result.stderr[-2000:]
+            (line,) = result.stderr.strip().splitlines()
+            assert str(path.parent) in line and fragment in line
+
+
 def test_atomtrain_imported_after_an_engine_loaded_the_model(ethanol, tmp_path):
     """metatomic loads the collected copy of sphericart's library; importing atomtrain
     (which imports sphericart.torch) afterwards must not load it a second time, which
