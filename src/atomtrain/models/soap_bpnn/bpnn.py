@@ -28,6 +28,9 @@ class LayerNorm(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.zeros(n_features))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            # the exported model needs first derivatives only: torch's fused kernel
+            return torch.layer_norm(features, [features.shape[1]], self.weight, self.bias, self.eps)
         centered = features - features.mean(dim=1, keepdim=True)
         variance = (centered * centered).mean(dim=1, keepdim=True)
         return centered * torch.rsqrt(variance + self.eps) * self.weight + self.bias
@@ -47,6 +50,9 @@ class ElementNetworks(torch.nn.Module):
         )
 
     def forward(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
+        if len(self.networks) == 1:  # one element: no sorting by element
+            for network in self.networks:
+                return network(features).reshape(-1)
         # Atoms sorted by element make each element's rows one contiguous slice.
         counts: list[int] = torch.bincount(element_index, minlength=len(self.networks)).tolist()
         order = torch.argsort(element_index, stable=True)
