@@ -100,12 +100,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         directory = Path(temporary)
         starts = structures(directory)
-        (directory / "after").mkdir()
-        with worktree(arguments.before, directory) as before:
+        with worktree(arguments.before, directory / "before") as before:
             with worktree(arguments.after, directory / "after") as after:
-                sources = {arguments.before: before, arguments.after or "working tree": after}
-                if sources[arguments.after or "working tree"] is None:
-                    sources["working tree"] = ROOT / "src"
+                sources = {
+                    arguments.before: before,
+                    arguments.after or "working tree": after or ROOT / "src",
+                }
                 for name in ("ethanol", "silicon"):
                     checkpoint = train(directory, name)
                     atoms = ase.io.read(starts[name])

@@ -139,12 +139,12 @@ def structures(directory: Path) -> dict[str, Path]:
 
 
 @contextmanager
-def worktree(commit: str | None, directory: Path):
-    """A checkout of ``commit`` (None: no checkout), removed afterwards."""
+def worktree(commit: str | None, path: Path):
+    """Source of a checkout of ``commit`` at ``path`` (None: no checkout), removed
+    afterwards."""
     if commit is None:
         yield None
         return
-    path = directory / "before"
     subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), commit],
         check=True,
@@ -221,7 +221,7 @@ def main() -> None:
         directory = Path(temporary)
         starts = structures(directory)
         rows = []
-        with worktree(arguments.calculator_before, directory) as before:
+        with worktree(arguments.calculator_before, directory / "before") as before:
             for name in ("ethanol", "silicon"):
                 models = train_both(directory, name, mtt)
                 if before is not None:

@@ -191,7 +191,7 @@ def refit_baseline(
         counts = composition_counts(
             batch.atomic_numbers, batch.system_index, batch.n_structures, types
         )
-        residual = batch.energy.to(torch.float64) - predicted.detach().cpu().to(torch.float64)
+        residual = batch.energy.to(torch.float64) - predicted.cpu().to(torch.float64)
         batch_gram, batch_moment = normal_equation_sums(
             counts[:, free] / atoms[:, None], residual / atoms
         )

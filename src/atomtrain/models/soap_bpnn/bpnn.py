@@ -51,8 +51,7 @@ class ElementNetworks(torch.nn.Module):
 
     def forward(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
         if len(self.networks) == 1:  # one element: no sorting by element
-            for network in self.networks:
-                return network(features).reshape(-1)
+            return self.networks[0](features).reshape(-1)
         # Atoms sorted by element make each element's rows one contiguous slice.
         counts: list[int] = torch.bincount(element_index, minlength=len(self.networks)).tolist()
         order = torch.argsort(element_index, stable=True)
