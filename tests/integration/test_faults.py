@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import RESOURCES
-from helpers import children_of, environment, finish, start_ranks, write_options
+from helpers import children_of, environment, finish, free_port, start_ranks, write_options
 
 PYTHON = sys.executable
 ETHANOL = RESOURCES / "ethanol_40.xyz"
@@ -252,6 +252,84 @@ def test_nproc_launcher_stopped_by_a_signal_checkpoints_and_resumes(
     )
     assert results[0][0] == 0, results
     assert_same_model(final_state(run_dir), reference)
+
+
+# Rank 0 of two gloo ranks, with the training loop's stop request installed, gets a stop
+# signal while it waits in a collective for rank 1. "copy": the signal at once and a copy
+# 20 ms later (scancel and the launcher's forward), rank 1 joining after 1.5 s, so Python
+# runs the copy's handler 1.5 s after the first's. "again": the signal at 0.1 s and again
+# at 1.6 s while rank 1 hangs for a minute.
+WAITING_RANK = """
+import datetime, os, signal, sys, threading, time
+import torch, torch.distributed as dist
+from atomtrain.training.stopping import StopRequest
+rank, case, port, number = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=2, timeout=datetime.timedelta(seconds=120))
+dist.barrier()
+if rank == 1:
+    time.sleep(1.5 if case == "copy" else 60)
+    try:
+        dist.all_reduce(torch.ones(1))
+    except RuntimeError:
+        pass
+    sys.exit(0)
+stop = StopRequest()
+stop.install()
+start = time.monotonic()
+if case == "copy":
+    os.kill(os.getpid(), number)
+    time.sleep(0.01)
+    threading.Timer(0.02, os.kill, (os.getpid(), number)).start()
+else:
+    threading.Timer(0.1, os.kill, (os.getpid(), number)).start()
+    threading.Timer(1.6, os.kill, (os.getpid(), number)).start()
+dist.all_reduce(torch.ones(1))
+print(f"went on after {time.monotonic() - start:.1f} s, asked by {stop.signal_name}")
+"""
+
+
+def waiting_rank_and_peer(case: str, number: int) -> list[subprocess.Popen]:
+    port = str(free_port())
+    return [
+        subprocess.Popen(
+            [PYTHON, "-c", WAITING_RANK, str(rank), case, port, str(int(number))],
+            env=environment(OMP_NUM_THREADS="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+
+
+def test_a_copy_of_a_signal_handled_late_is_the_same_request():
+    """A copy that arrived with the first is one request, however late Python runs its
+    handler: before, the rank took it for a second request and killed itself, so its
+    peer exited 3 and no checkpoint was written (the flaky "launcher and workers")."""
+    rank, peer = waiting_rank_and_peer("copy", signal.SIGTERM)
+    (code, out, error), _ = finish([rank, peer])
+    assert code == 0, error
+    assert "asked by SIGTERM" in out and "again" not in error
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_sent_again_stops_a_rank_waiting_on_a_hung_peer(number):
+    """The second request, 1.5 s after the first, is obeyed while the rank is still
+    inside the collective (before, only once the collective ended: here after a
+    minute), in one line, with the shell's code for that signal."""
+    rank, peer = waiting_rank_and_peer("again", number)
+    started = time.monotonic()
+    ((code, _, error),) = finish([rank])
+    waited = time.monotonic() - started
+    peer.kill()
+    finish([peer])
+    name = signal.Signals(number).name
+    assert code == 128 + number, error
+    assert waited < 30, waited
+    lines = error.strip().splitlines()
+    assert lines[-1].startswith(f"atomtrain: {name} again: stopped at once"), error
+    assert "Traceback" not in error
 
 
 def test_killed_rank_stops_the_others_with_a_message(tmp_path):

@@ -1,15 +1,17 @@
 """Stop requests from signals: one request however many copies of a signal arrive at
-once, and a second request later is obeyed at once."""
+once, and a repeat told by when it arrived (tests/integration/test_faults.py runs the
+repeat that stops a process, with a rank waiting in a collective)."""
 
 from __future__ import annotations
 
 import os
 import signal
-from unittest import mock
+import threading
+import time
 
 import pytest
 
-from atomtrain.training import stopping
+from atomtrain.signals import REPEAT_WINDOW, STOP_SIGNALS, SignalArrivals, give_back_signals
 from atomtrain.training.stopping import StopRequest
 
 
@@ -22,18 +24,41 @@ def request_installed():
 
 
 def test_a_signal_delivered_twice_at_once_is_one_request(request_installed):
-    with mock.patch.object(stopping.time, "monotonic", side_effect=[100.0, 100.3]):
-        os.kill(os.getpid(), signal.SIGTERM)
-        os.kill(os.getpid(), signal.SIGTERM)  # e.g. from scancel and from the launcher
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)  # e.g. from scancel and from the launcher
+    time.sleep(0.1)  # the arrivals thread has read both (a repeat would end pytest)
     assert request_installed.requested and request_installed.signal_name == "SIGTERM"
 
 
-def test_a_second_ctrl_c_later_interrupts_at_once(request_installed):
-    with mock.patch.object(stopping.time, "monotonic", side_effect=[100.0, 102.0]):
+def test_a_signal_is_a_repeat_by_when_it_arrived():
+    """SignalArrivals calls back for a stop signal arriving more than REPEAT_WINDOW after
+    the first, not for the first nor for other signals."""
+    repeats = []
+    previous = {number: signal.signal(number, lambda *unused: None) for number in STOP_SIGNALS}
+    previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, lambda *unused: None)
+    arrivals = SignalArrivals(STOP_SIGNALS, repeats.append)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(REPEAT_WINDOW + 0.3)
+        os.kill(os.getpid(), signal.SIGUSR2)  # not a stop signal
+        time.sleep(0.2)
+        assert repeats == []
         os.kill(os.getpid(), signal.SIGINT)
-        assert request_installed.signal_name == "SIGINT"
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        assert repeats == [signal.SIGINT]
+    finally:
+        arrivals.stop()
+        give_back_signals(previous)
+
+
+def test_uninstall_gives_back_the_wakeup_descriptor_and_ends_the_thread():
+    stop = StopRequest()
+    stop.install()
+    assert any(thread.name == "atomtrain-signals" for thread in threading.enumerate())
+    stop.uninstall()
+    assert signal.set_wakeup_fd(-1) == -1
+    assert not any(thread.name == "atomtrain-signals" for thread in threading.enumerate())
 
 
 def test_handlers_are_given_back():

@@ -6,45 +6,57 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 from ..errors import AtomtrainError
-from ..signals import EXIT_STOPPED, REPEAT_WINDOW, give_back_signals, take_stop_signals
+from ..signals import EXIT_STOPPED, SignalArrivals, give_back_signals, take_stop_signals
 
 
 class StopRequest:
     """Remembers a SIGTERM or SIGUSR1 (sent by SLURM before it kills a job, e.g. with
     ``--signal=USR1@120``), a Ctrl-C or a hangup until the next step boundary. Asked
-    again later, it obeys at once."""
+    again more than REPEAT_WINDOW after the signal first arrived, it stops the process
+    at once, even while it waits on a hung peer (see SignalArrivals)."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
-        self.received_at = 0.0
         self.previous: dict[int, object] = {}
+        self.arrivals: SignalArrivals | None = None
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
         self.previous = take_stop_signals(self._handle)
+        if self.previous:
+            self.arrivals = SignalArrivals(self.previous, obey_at_once)
 
     def uninstall(self) -> None:
+        if self.arrivals is not None:
+            self.arrivals.stop()
+            self.arrivals = None
         give_back_signals(self.previous)
         self.previous.clear()
 
     def _handle(self, number: int, frame) -> None:
         if self.signal_name is None:
             self.signal_name = signal.Signals(number).name
-            self.received_at = time.monotonic()
-        elif time.monotonic() - self.received_at > REPEAT_WINDOW:
-            # asked again: the run may be stuck (e.g. waiting on a dead peer); obey now
-            if number == signal.SIGINT:
-                raise KeyboardInterrupt
-            signal.signal(number, signal.SIG_DFL)
-            os.kill(os.getpid(), number)
 
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
+
+
+def obey_at_once(number: int) -> None:
+    """Asked again: the run may be stuck (e.g. waiting on a hung peer). Called from the
+    signal thread, which cannot raise in the main thread: leave now, as the shell
+    reports a command ended by that signal."""
+    name = signal.Signals(number).name
+    line = (
+        f"atomtrain: {name} again: stopped at once, without writing a checkpoint (the "
+        "last one written is kept; resume with --restart auto)\n"
+    )
+    # not print() nor logging: the main thread may hold their locks, stuck for good
+    os.write(2, line.encode())
+    os._exit(128 + number)
 
 
 class CollectiveError(AtomtrainError):
