@@ -10,9 +10,11 @@ neurons, float32) for ethanol and for silicon, then runs velocity-Verlet MD (0.5
 an ethanol molecule (9 atoms) and on a rattled 64-atom diamond silicon cell, each in a
 fresh process: --steps timed after 20 warm-up steps, median over --repeats, the engines
 alternated; and the model alone (forward and backward through metatomic's
-AtomisticModel, neighbor list given: no ASE, no neighbor search). Conditions: one torch
-thread; and torch's default threads (all cores) while
-another process keeps one core busy. Everything runs with the interpreter of
+AtomisticModel, neighbor list given: no ASE, no neighbor search); and a trivial model
+(energy: a sum over the same neighbor list) through metatomic, the engine's own cost per
+step, which bounds what any model can reach in this engine. Conditions: one torch
+thread; and torch's default threads (all cores) while another process keeps one core
+busy. Everything runs with the interpreter of
 benchmarks/.venv-metatrain (built as compare_metatrain.py builds it), so that both
 models load in the same metatomic. With --calculator-before COMMIT, also
 atomtrain.ase.Calculator as it was at COMMIT (a git worktree; the model trained there on
@@ -96,6 +98,48 @@ print(json.dumps({"steps_per_second": int(steps) / (time.perf_counter() - start)
                   "threads": torch.get_num_threads()}))
 """
 
+# the engine's own cost per step: a model whose energy is a sum over the same neighbor
+# list (half, strict, the same cutoff, float64), three operations; no model can make
+# an MD step through this engine faster than this one does
+TRIVIAL_MODEL = """
+import sys
+from typing import Dict, List, Optional
+import torch
+from metatensor.torch import Labels, TensorBlock, TensorMap
+from metatomic.torch import (AtomisticModel, ModelCapabilities, ModelMetadata,
+                             ModelOutput, NeighborListOptions, System)
+
+
+class Trivial(torch.nn.Module):
+    def __init__(self, cutoff: float):
+        super().__init__()
+        self.neighbors = NeighborListOptions(cutoff=cutoff, full_list=False, strict=True,
+                                             requestor="trivial")
+
+    def requested_neighbor_lists(self) -> List[NeighborListOptions]:
+        return [self.neighbors]
+
+    def forward(self, systems: List[System], outputs: Dict[str, ModelOutput],
+                selected_atoms: Optional[Labels] = None) -> Dict[str, TensorMap]:
+        energies: List[torch.Tensor] = []
+        for system in systems:
+            vectors = system.get_neighbor_list(self.neighbors).values
+            energies.append((1e-3 * vectors * vectors).sum().reshape(1, 1))
+        zero = torch.zeros((1, 1), dtype=torch.int32)
+        samples = Labels(["system"], torch.arange(len(systems), dtype=torch.int32).reshape(-1, 1))
+        block = TensorBlock(torch.cat(energies), samples, [], Labels(["energy"], zero))
+        return {"energy": TensorMap(Labels(["_"], zero), [block])}
+
+
+path, cutoff, types = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+capabilities = ModelCapabilities(
+    outputs={"energy": ModelOutput(unit="eV")},
+    atomic_types=[int(z) for z in types.split(",")],
+    interaction_range=cutoff, length_unit="angstrom", supported_devices=["cpu"],
+    dtype="float64")
+AtomisticModel(Trivial(cutoff).eval(), ModelMetadata(name="trivial"), capabilities).save(path)
+"""
+
 BUSY_LOOP = "while True: pass"
 
 
@@ -124,6 +168,33 @@ def train_both(directory: Path, name: str, mtt: Path) -> dict[str, Path]:
         subprocess.run(command, cwd=workdir, check=True, capture_output=True)
         models[tool] = workdir / "model.pt"
     return models
+
+
+def trivial_model(directory: Path, name: str, like: Path) -> Path:
+    """TRIVIAL_MODEL with the cutoff and elements of the model at ``like``."""
+    workdir = directory / f"{name}-trivial"
+    (workdir / "extensions").mkdir(parents=True)
+    (workdir / "build.py").write_text(TRIVIAL_MODEL)
+    read_model = (
+        "import sys; from metatomic.torch import load_atomistic_model as load; "
+        "c = load(sys.argv[1], extensions_directory=sys.argv[2]).capabilities(); "
+        "print(c.interaction_range, ','.join(map(str, c.atomic_types)))"
+    )
+    found = subprocess.run(
+        [str(PYTHON), "-c", read_model, str(like), str(like.parent / "extensions")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    cutoff, types = found.stdout.split()
+    model = workdir / "model.pt"
+    subprocess.run(
+        [str(PYTHON), "build.py", str(model), cutoff, types],
+        cwd=workdir,
+        capture_output=True,
+        check=True,
+    )
+    return model
 
 
 def structures(directory: Path) -> dict[str, Path]:
@@ -213,6 +284,7 @@ def main() -> None:
         ("atomtrain", "atomtrain.ase"),
         ("atomtrain", "model alone"),
         ("metatrain", "model alone"),
+        ("trivial", "metatomic"),
     ]
     conditions = [("1 thread", "1", False), ("all cores, one busy", "default", True)]
     if arguments.calculator_before:
@@ -224,6 +296,7 @@ def main() -> None:
         with worktree(arguments.calculator_before, directory / "before") as before:
             for name in ("ethanol", "silicon"):
                 models = train_both(directory, name, mtt)
+                models["trivial"] = trivial_model(directory, name, models["atomtrain"])
                 if before is not None:
                     models["before"] = train_before(directory, name, before)
                 for label, threads, busy in conditions:
@@ -255,19 +328,24 @@ def print_table(rows) -> None:
     print(
         "| system | condition | atomtrain via metatomic | metatrain via metatomic | ratio "
         "| atomtrain.ase.Calculator | metatomic / own | model alone: atomtrain, metatrain, "
-        "ratio | calculator before metatomic | metatomic / before |"
+        "ratio | calculator before metatomic | metatomic / before | trivial model via "
+        "metatomic (the engine's own cost) | trivial / metatrain (the most any model "
+        "reaches) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, label, medians, _ in rows:
         mine = medians[("atomtrain", "metatomic")]
         theirs = medians[("metatrain", "metatomic")]
         own = medians[("atomtrain", "atomtrain.ase")]
         alone = medians[("atomtrain", "model alone")]
         alone_theirs = medians[("metatrain", "model alone")]
+        trivial = medians[("trivial", "metatomic")]
         print(
             f"| {name} | {label} | {mine:.0f}/s | {theirs:.0f}/s | {mine / theirs:.2f}x | "
             f"{own:.0f}/s | {mine / own:.2f}x | {alone:.0f}/s, {alone_theirs:.0f}/s, "
-            f"{alone / alone_theirs:.2f}x | " + before_columns(mine, medians)
+            f"{alone / alone_theirs:.2f}x | "
+            + before_columns(mine, medians)
+            + f" {trivial:.0f}/s | {trivial / theirs:.2f}x |"
         )
 
 
