@@ -390,6 +390,31 @@ CASES = [
         lambda d, pt, ckpt: train_argv(d, data=d / "absent.xyz"),
         ["absent.xyz", "data file not found"],
     ),
+    (
+        "eval: an options file given as the model",
+        lambda d, pt, ckpt: ["eval", train_options(d), ETHANOL, "-o", d / "p.xyz"],
+        ["options.yaml", "not a model file", "model.pt written by atomtrain"],
+    ),
+    (
+        "export: a data file given as the checkpoint",
+        lambda d, pt, ckpt: ["export", ETHANOL, "-o", d / "p.xyz"],
+        ["ethanol_40.xyz", "not a checkpoint", "best.ckpt"],
+    ),
+    (
+        "export: an exported model given as the checkpoint",
+        lambda d, pt, ckpt: ["export", pt, "-o", d / "p.xyz"],
+        ["m.pt", "an exported model", "not a checkpoint", "finetune.read_from"],
+    ),
+    (
+        "train --restart: an exported model",
+        lambda d, pt, ckpt: ["train", train_options(d), "--restart", pt],
+        ["m.pt", "an exported model", "not a checkpoint"],
+    ),
+    (
+        "train --restart: a data file",
+        lambda d, pt, ckpt: ["train", train_options(d), "--restart", ETHANOL],
+        ["ethanol_40.xyz", "not a checkpoint"],
+    ),
 ]
 
 
@@ -412,6 +437,28 @@ def test_reported_bad_input(tmp_path, capsys, trained_model, case, command, frag
     assert "\x1b" not in error  # no terminal escape codes
     assert run_directories(tmp_path / "o") == []  # no run that never started
     assert not (tmp_path / "p.xyz").exists()
+    # nothing written beside the inputs either (a log beside a --restart file, say)
+    assert not (RESOURCES / "train.log").exists() and not (model.parent / "train.log").exists()
+
+
+def test_a_checkpoint_is_told_by_its_content_not_its_name(tmp_path, capsys, trained_model):
+    """eval and fine-tuning take a checkpoint named .pt; the ASE calculator, which needs
+    an exported model, says how to export it."""
+    from atomtrain.ase import Calculator
+    from atomtrain.errors import AtomtrainError
+    from atomtrain.training.checkpoint import best_model
+    from atomtrain.training.finetune import pretrained_model
+
+    _, checkpoint, _ = trained_model
+    renamed = shutil.copy(checkpoint, tmp_path / "renamed.pt")
+    code, error = run(capsys, "eval", renamed, ETHANOL, "-o", tmp_path / "p.xyz")
+    assert code == 0, error
+    assert len(ase.io.read(tmp_path / "p.xyz", ":")) == len(ase.io.read(ETHANOL, ":"))
+    with pytest.raises(AtomtrainError, match="a checkpoint, not an exported model; export it"):
+        Calculator(str(renamed))
+    expected = best_model(checkpoint).state_dict()
+    for name, value in pretrained_model(str(renamed), "soap_bpnn").state_dict().items():
+        assert torch.equal(value, expected[name]), name
 
 
 def test_restart_auto_says_which_checkpoint_it_skips(tmp_path, capsys, trained_model):

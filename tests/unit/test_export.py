@@ -109,7 +109,7 @@ def test_short_molecular_dynamics(exported):
 def test_loading_a_file_that_is_not_a_model(tmp_path):
     bogus = tmp_path / "model.pt"
     bogus.write_text("not a model")
-    with pytest.raises(AtomtrainError, match="not an exported atomtrain model"):
+    with pytest.raises(AtomtrainError, match="not a model file"):
         load_exported(bogus)
     with pytest.raises(AtomtrainError, match="model file not found"):
         load_exported(tmp_path / "missing.pt")

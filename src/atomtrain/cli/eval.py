@@ -19,7 +19,7 @@ from ..io import atomic_write
 from ..models.export import load_exported
 from ..options import DatasetOptions
 from ..runtime import BusyCores
-from ..training.checkpoint import best_model
+from ..training.checkpoint import best_model, is_checkpoint
 from ..training.datasets import file_labels, read_files
 from ..training.evaluation import local_batches, predict
 from ..training.metrics import MetricSums, finalize
@@ -200,7 +200,8 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.batch_size < 1:
         raise OptionsError(f"-b {arguments.batch_size}: the batch size must be at least 1")
     check_output_path(arguments.output)
-    if arguments.model.suffix == ".ckpt":
+    from_checkpoint = is_checkpoint(arguments.model)
+    if from_checkpoint:
         model = best_model(arguments.model)
     else:
         model = load_exported(arguments.model)
@@ -222,11 +223,7 @@ def run(arguments: argparse.Namespace) -> int:
         # one file: its own name; several: the description's, with a row per file
         whole = arguments.data.name if len(files) > 1 else Path(files[0][0]).name
         table = {whole: metrics, **(per_file if len(files) > 1 else {})}
-        which = (
-            f"the best model of {arguments.model}"
-            if arguments.model.suffix == ".ckpt"
-            else str(arguments.model)
-        )
+        which = f"the best model of {arguments.model}" if from_checkpoint else str(arguments.model)
         logger.info(metrics_table(table, f"metrics of {which}"))
         pairs = parity_pairs(structures, predictions)
         parity_plot(arguments.output.with_suffix(".png"), pairs)

@@ -25,7 +25,7 @@ EXIT_INTERNAL_ERROR = 1
 def parser() -> argparse.ArgumentParser:
     main_parser = argparse.ArgumentParser(
         prog="atomtrain",
-        description="Train machine-learning interatomic potentials (SOAP-BPNN) on one CPU, "
+        description="Train machine-learning interatomic potentials (SOAP-BPNN, MACE) on one CPU, "
         "one GPU, several GPUs or many nodes.",
     )
     main_parser.add_argument("--version", action="version", version=f"atomtrain {__version__}")

@@ -163,11 +163,12 @@ def run(arguments: argparse.Namespace) -> int:
                     arguments.outputs, arguments.run_dir, arguments.restart, os.environ
                 ),
             )
+        # before the log: a file that is no checkpoint leaves no train.log beside it
+        restart_state = load_checkpoint(checkpoint) if checkpoint is not None else None
         if context.is_main:
             if checkpoint is None and not any(directory.iterdir()):
                 new_directory = directory
             setup_logging(0, directory / "train.log")
-        restart_state = load_checkpoint(checkpoint) if checkpoint is not None else None
         seed = options.seed
         if restart_state is not None:
             seed = int(restart_state["seed"])

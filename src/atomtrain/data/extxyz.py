@@ -114,7 +114,7 @@ def file_format(path: Path) -> str:
 
 def read_frames(path: Path) -> list[ase.Atoms]:
     if not path.exists():
-        raise DataError(f"{path}: data file not found; check the path in the options")
+        raise DataError(f"{path}: data file not found; check its path")
     kind = file_format(path)
     try:
         frames = ase.io.read(path, index=":", format=kind)

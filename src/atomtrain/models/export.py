@@ -161,6 +161,14 @@ def load_exported(
     foreign = foreign_file(path)
     if foreign is not None:
         raise AtomtrainError(f"{path}: {foreign}")
+    kind = torch_file_kind(path)
+    if kind == "other":
+        raise AtomtrainError(f"{path}: not a model file (torch did not write it); {MODEL_INSTEAD}")
+    if kind == "saved":
+        raise AtomtrainError(
+            f"{path}: a checkpoint, not an exported model; export it with 'atomtrain export "
+            f"{path} -o model.pt' and give model.pt"
+        )
     metadata = metatomic_metadata(path)
     if metadata is not None:
         import metatomic.torch  # noqa: F401  (its TorchScript classes are in the file)
@@ -216,6 +224,31 @@ def first_line(error: BaseException) -> str:
         if line.strip():
             return line.strip()
     return type(error).__name__
+
+
+def torch_file_kind(path: Path) -> str:
+    """ "model" (a TorchScript archive: model.pt), "saved" (torch.save's archive: a
+    checkpoint), "archive" (a zip of neither kind, or truncated) or "other" (not a zip:
+    a data file, an options file)."""
+    try:
+        with path.open("rb") as stream:
+            if stream.read(4) != b"PK\x03\x04":
+                return "other"
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return "archive"
+    if any("/code/" in name for name in names):
+        return "model"
+    if any(name.endswith("data.pkl") for name in names):
+        return "saved"
+    return "archive"
+
+
+MODEL_INSTEAD = "give the model.pt written by atomtrain train or export, or a checkpoint (.ckpt)"
+CHECKPOINT_INSTEAD = (
+    "give a checkpoint written by atomtrain train (the run's best.ckpt or last.ckpt)"
+)
 
 
 def foreign_file(path: Path) -> str | None:

@@ -12,7 +12,7 @@ from ..errors import AtomtrainError
 from ..io import atomic_write
 from ..models import registry
 from ..models.energy_model import EnergyModel
-from ..models.export import first_line, foreign_file
+from ..models.export import CHECKPOINT_INSTEAD, first_line, foreign_file, torch_file_kind
 
 # 2: SOAP buffers changed (one upper-triangle index, spread and normalisation buffers)
 # 3: spherical Bessel radial basis, trimmed channels (wavenumbers and selected buffers)
@@ -65,6 +65,17 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     foreign = foreign_file(path)
     if foreign is not None:
         raise AtomtrainError(f"{path}: {foreign}")
+    kind = torch_file_kind(path)
+    if kind == "model":
+        raise AtomtrainError(
+            f"{path}: an exported model (it runs in engines as it is), not a checkpoint; "
+            f"{CHECKPOINT_INSTEAD} (to fine-tune from this model instead: "
+            "architecture.training.finetune.read_from)"
+        )
+    if kind == "other":
+        raise AtomtrainError(
+            f"{path}: not a checkpoint (torch did not write it); {CHECKPOINT_INSTEAD}"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
@@ -99,6 +110,12 @@ def unreadable(path: Path, error: BaseException) -> str:
         )
         return f"{path}: the checkpoint is truncated or corrupt{instead}"
     return f"{path}: not a readable atomtrain checkpoint ({first_line(error)})"
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """A .ckpt, or a file of torch.save's kind whatever its name (a renamed checkpoint)."""
+    path = Path(path)
+    return path.suffix == ".ckpt" or (path.is_file() and torch_file_kind(path) == "saved")
 
 
 def best_model(path: str | Path) -> EnergyModel:

@@ -13,7 +13,7 @@ from ..models import registry
 from ..models.energy_model import EnergyModel
 from ..models.export import BASELINE_SPAN_FILE, HYPERS_FILE, load_exported
 from ..options import FINETUNE_LEARNING_RATE, Options
-from .checkpoint import best_model
+from .checkpoint import best_model, is_checkpoint
 from .setup import starting_point
 
 
@@ -21,11 +21,11 @@ def pretrained_model(path: str, architecture_name: str) -> EnergyModel:
     """The model to fine-tune: a checkpoint's best model (.ckpt), a file of the
     architecture's own program (mace_run_train's .model), or an exported model with the
     hyperparameters that export stores beside its code."""
-    if Path(path).suffix == ".ckpt":
-        return best_model(path)
     architecture = registry.architecture(architecture_name)
     if architecture.read_file is not None and Path(path).suffix == ".model":
         return architecture.read_file(path)
+    if is_checkpoint(path):
+        return best_model(path)
     extra = {HYPERS_FILE: "", BASELINE_SPAN_FILE: ""}
     exported = load_exported(path, extra=extra)
     if not extra[HYPERS_FILE]:
