@@ -258,7 +258,7 @@ def test_nproc_launcher_stopped_by_a_signal_checkpoints_and_resumes(
 # signal while it waits in a collective for rank 1. "copy": the signal at once and a copy
 # 20 ms later (scancel and the launcher's forward), rank 1 joining after 1.5 s, so Python
 # runs the copy's handler 1.5 s after the first's. "again": the signal at 0.1 s and again
-# at 1.6 s while rank 1 hangs for a minute.
+# at 2.6 s while rank 1 hangs for a minute.
 WAITING_RANK = """
 import datetime, os, signal, sys, threading, time
 import torch, torch.distributed as dist
@@ -283,7 +283,7 @@ if case == "copy":
     threading.Timer(0.02, os.kill, (os.getpid(), number)).start()
 else:
     threading.Timer(0.1, os.kill, (os.getpid(), number)).start()
-    threading.Timer(1.6, os.kill, (os.getpid(), number)).start()
+    threading.Timer(2.6, os.kill, (os.getpid(), number)).start()
 dist.all_reduce(torch.ones(1))
 print(f"went on after {time.monotonic() - start:.1f} s, asked by {stop.signal_name}")
 """
@@ -315,7 +315,7 @@ def test_a_copy_of_a_signal_handled_late_is_the_same_request():
 
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_sent_again_stops_a_rank_waiting_on_a_hung_peer(number):
-    """The second request, 1.5 s after the first, is obeyed while the rank is still
+    """The second request, 2.5 s after the first, is obeyed while the rank is still
     inside the collective (before, only once the collective ended: here after a
     minute), in one line, with the shell's code for that signal."""
     rank, peer = waiting_rank_and_peer("again", number)
