@@ -444,6 +444,34 @@ def test_torchrun_restart_resumes_from_the_newest_checkpoint(tmp_path, reference
     assert_same_model(final_state(run_dir), reference)
 
 
+def test_torchrun_job_preempted_checkpoints_and_resumes(tmp_path, reference):
+    """scancel of ``srun torchrun ...``: SIGTERM to the agent and to its workers, which
+    also get the agent's copy. The workers stop at one step with a checkpoint and say so
+    once; torchrun itself exits 1 with its own traceback (torch's agent, not atomtrain);
+    --restart auto ends at the uninterrupted run's model."""
+    torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
+    options = options_in(tmp_path)
+    run_dir = tmp_path / "preempted"
+    launcher = subprocess.Popen(
+        [torchrun, "--standalone", "--nproc-per-node", "2", *train_command(options, run_dir)[1:]],
+        env=environment(OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    wait_for_epochs(run_dir, 2, [launcher])
+    for pid in [launcher.pid, *children_of(launcher.pid)]:
+        os.kill(pid, signal.SIGTERM)
+    ((_, _, error),) = finish([launcher])
+    assert error.count("atomtrain: training stopped by SIGTERM") == 1, error[-3000:]
+    assert "again" not in error and "lost contact" not in error
+    state = torch.load(run_dir / "last.ckpt", weights_only=True)
+    assert (state["epoch"], state["step"]) != (EPOCHS, 0)
+    resume_auto(options, run_dir)
+    assert_same_model(final_state(run_dir), reference)
+
+
 def test_newest_complete_checkpoint_skips_a_corrupt_one(tmp_path):
     from atomtrain.training.checkpoint import newest_complete_checkpoint, save_checkpoint
 
