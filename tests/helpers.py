@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -169,3 +170,14 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
+
+
+def slurm_available() -> bool:
+    """A SLURM that runs jobs here (bash .ci/setup_slurm.sh starts one; CI does)."""
+    if shutil.which("srun") is None:
+        return False
+    try:
+        probe = subprocess.run(["srun", "-N1", "-n1", "true"], capture_output=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return False
+    return probe.returncode == 0

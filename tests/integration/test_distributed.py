@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from conftest import RESOURCES
-from helpers import run_directories, write_options
+from helpers import run_directories, slurm_available, write_options
 
 PYTHON = sys.executable
 TIMEOUT = 240
@@ -231,16 +231,6 @@ def test_torchrun_equals_single_process(reference, workdir):
         workdir,
     )
     assert_same_run(run, reference)
-
-
-def slurm_available() -> bool:
-    if shutil.which("srun") is None:
-        return False
-    try:
-        probe = subprocess.run(["srun", "-N1", "-n1", "true"], capture_output=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return False
-    return probe.returncode == 0
 
 
 @pytest.mark.skipif(

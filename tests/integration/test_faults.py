@@ -16,7 +16,15 @@ import pytest
 import torch
 
 from conftest import RESOURCES
-from helpers import children_of, environment, finish, free_port, start_ranks, write_options
+from helpers import (
+    children_of,
+    environment,
+    finish,
+    free_port,
+    slurm_available,
+    start_ranks,
+    write_options,
+)
 
 PYTHON = sys.executable
 ETHANOL = RESOURCES / "ethanol_40.xyz"
@@ -466,6 +474,37 @@ def test_torchrun_job_preempted_checkpoints_and_resumes(tmp_path, reference):
     ((_, _, error),) = finish([launcher])
     assert error.count("atomtrain: training stopped by SIGTERM") == 1, error[-3000:]
     assert "again" not in error and "lost contact" not in error
+    state = torch.load(run_dir / "last.ckpt", weights_only=True)
+    assert (state["epoch"], state["step"]) != (EPOCHS, 0)
+    resume_auto(options, run_dir)
+    assert_same_model(final_state(run_dir), reference)
+
+
+@pytest.mark.skipif(
+    not slurm_available(), reason="no running SLURM (bash .ci/setup_slurm.sh starts one; CI does)"
+)
+def test_scancel_of_an_srun_job_checkpoints_and_resumes(tmp_path, reference):
+    """A real SLURM: scancel of a two-task srun job (SIGTERM to every task). The tasks
+    stop at one step, rank 0 writes the checkpoint and says so once, srun exits 75;
+    --restart auto ends at the uninterrupted run's model."""
+    options = options_in(tmp_path)
+    run_dir = tmp_path / "cancelled"
+    name = f"atomtrain-scancel-{os.getpid()}"
+    job = subprocess.Popen(
+        ["srun", "-N1", "-n2", f"--job-name={name}", *train_command(options, run_dir)],
+        env=environment(OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_epochs(run_dir, 2, [job])
+    finally:
+        subprocess.run(["scancel", f"--name={name}"], check=True, timeout=30)
+    ((code, _, error),) = finish([job])
+    assert code == 75, error[-3000:]
+    assert error.count("atomtrain: training stopped by SIGTERM") == 1, error
+    assert "Traceback" not in error and "lost contact" not in error
     state = torch.load(run_dir / "last.ckpt", weights_only=True)
     assert (state["epoch"], state["step"]) != (EPOCHS, 0)
     resume_auto(options, run_dir)
