@@ -66,6 +66,19 @@ def resume_auto(options, run_dir) -> None:
     assert resumed.returncode == 0, resumed.stderr
 
 
+def start_in_own_session(command) -> subprocess.Popen:
+    """A launcher (--nproc, torchrun) in a session of its own, as a terminal or a batch
+    job starts it, one thread per process."""
+    return subprocess.Popen(
+        command,
+        env=environment(OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def wait_for_epochs(run_dir: Path, epochs: int, processes, limit=120.0):
     """Wait until train.csv has ``epochs`` rows (training is under way)."""
     deadline = time.monotonic() + limit
@@ -225,14 +238,7 @@ def test_nproc_launcher_stopped_by_a_signal_checkpoints_and_resumes(
     with the workers' one line, not as a failure to start."""
     options = options_in(tmp_path)
     run_dir = tmp_path / "run"
-    launcher = subprocess.Popen(
-        train_command(options, run_dir, "--nproc", 2),
-        env=environment(OMP_NUM_THREADS="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    launcher = start_in_own_session(train_command(options, run_dir, "--nproc", 2))
     wait_for_epochs(run_dir, 2, [launcher])
     if receivers == "process group":
         os.killpg(launcher.pid, number)
@@ -460,13 +466,8 @@ def test_torchrun_job_preempted_checkpoints_and_resumes(tmp_path, reference):
     torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
     options = options_in(tmp_path)
     run_dir = tmp_path / "preempted"
-    launcher = subprocess.Popen(
-        [torchrun, "--standalone", "--nproc-per-node", "2", *train_command(options, run_dir)[1:]],
-        env=environment(OMP_NUM_THREADS="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    launcher = start_in_own_session(
+        [torchrun, "--standalone", "--nproc-per-node", "2", *train_command(options, run_dir)[1:]]
     )
     wait_for_epochs(run_dir, 2, [launcher])
     for pid in [launcher.pid, *children_of(launcher.pid)]:
