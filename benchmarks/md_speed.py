@@ -107,7 +107,7 @@ from typing import Dict, List, Optional
 import torch
 from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import (AtomisticModel, ModelCapabilities, ModelMetadata,
-                             ModelOutput, NeighborListOptions, System)
+                             ModelOutput, NeighborListOptions, System, load_atomistic_model)
 
 
 class Trivial(torch.nn.Module):
@@ -131,10 +131,12 @@ class Trivial(torch.nn.Module):
         return {"energy": TensorMap(Labels(["_"], zero), [block])}
 
 
-path, cutoff, types = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+path, like = sys.argv[1], sys.argv[2]  # the cutoff and elements of the model at like
+found = load_atomistic_model(like, extensions_directory=like.rsplit("/", 1)[0] + "/extensions")
+cutoff = found.capabilities().interaction_range
 capabilities = ModelCapabilities(
     outputs={"energy": ModelOutput(unit="eV")},
-    atomic_types=[int(z) for z in types.split(",")],
+    atomic_types=found.capabilities().atomic_types,
     interaction_range=cutoff, length_unit="angstrom", supported_devices=["cpu"],
     dtype="float64")
 AtomisticModel(Trivial(cutoff).eval(), ModelMetadata(name="trivial"), capabilities).save(path)
@@ -174,22 +176,10 @@ def trivial_model(directory: Path, name: str, like: Path) -> Path:
     """TRIVIAL_MODEL with the cutoff and elements of the model at ``like``."""
     workdir = directory / f"{name}-trivial"
     (workdir / "extensions").mkdir(parents=True)
-    (workdir / "build.py").write_text(TRIVIAL_MODEL)
-    read_model = (
-        "import sys; from metatomic.torch import load_atomistic_model as load; "
-        "c = load(sys.argv[1], extensions_directory=sys.argv[2]).capabilities(); "
-        "print(c.interaction_range, ','.join(map(str, c.atomic_types)))"
-    )
-    found = subprocess.run(
-        [str(PYTHON), "-c", read_model, str(like), str(like.parent / "extensions")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    cutoff, types = found.stdout.split()
+    (workdir / "build.py").write_text(TRIVIAL_MODEL)  # TorchScript reads its source
     model = workdir / "model.pt"
     subprocess.run(
-        [str(PYTHON), "build.py", str(model), cutoff, types],
+        [str(PYTHON), "build.py", str(model), str(like)],
         cwd=workdir,
         capture_output=True,
         check=True,
