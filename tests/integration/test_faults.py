@@ -67,8 +67,8 @@ def resume_auto(options, run_dir) -> None:
 
 
 def start_in_own_session(command) -> subprocess.Popen:
-    """A launcher (--nproc, torchrun) in a session of its own, as a terminal or a batch
-    job starts it, one thread per process."""
+    """A launcher (--nproc, torchrun, srun) or a rank in a session of its own, as a
+    terminal or a batch job starts it, one thread per process, its output captured."""
     return subprocess.Popen(
         command,
         env=environment(OMP_NUM_THREADS="1"),
@@ -306,13 +306,7 @@ print(f"went on after {time.monotonic() - start:.1f} s, asked by {stop.signal_na
 def waiting_rank_and_peer(case: str, number: int) -> list[subprocess.Popen]:
     port = str(free_port())
     return [
-        subprocess.Popen(
-            [PYTHON, "-c", WAITING_RANK, str(rank), case, port, str(int(number))],
-            env=environment(OMP_NUM_THREADS="1"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        start_in_own_session([PYTHON, "-c", WAITING_RANK, str(rank), case, port, str(int(number))])
         for rank in (0, 1)
     ]
 
@@ -491,12 +485,8 @@ def test_scancel_of_an_srun_job_checkpoints_and_resumes(tmp_path, reference):
     options = options_in(tmp_path)
     run_dir = tmp_path / "cancelled"
     name = f"atomtrain-scancel-{os.getpid()}"
-    job = subprocess.Popen(
-        ["srun", "-N1", "-n2", f"--job-name={name}", *train_command(options, run_dir)],
-        env=environment(OMP_NUM_THREADS="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    job = start_in_own_session(
+        ["srun", "-N1", "-n2", f"--job-name={name}", *train_command(options, run_dir)]
     )
     try:
         wait_for_epochs(run_dir, 2, [job])
