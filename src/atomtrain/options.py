@@ -23,12 +23,14 @@ from pydantic import (
     ValidationError,
     create_model,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from .errors import OptionsError
 from .models import registry
 from .options_base import Strict, default_only
+from .targets import PREFIX, Irrep, TargetSpec, is_other_target, unsupported_irrep
 from .units import unit_problem
 
 
@@ -42,12 +44,16 @@ def _data_set_list(value: Any) -> Any:
 def _loss_from_metatrain(spec: dict) -> dict:
     """metatrain's per-target loss, {energy: {type, weight, reduction, gradients:
     {positions: ..., strain: ...}}}, as LossOptions' fields (one type for all)."""
-    unknown = sorted(set(spec) - {"energy"})
+    unknown = sorted(name for name in spec if name != "energy" and not is_other_target(name))
     if unknown:
-        raise ValueError(f"losses for {unknown}: atomtrain learns the energy target only")
-    energy = spec["energy"]
+        raise ValueError(f"losses for {unknown}: atomtrain learns 'energy' and mtt::<name> targets")
+    energy = spec.get("energy", {})
     energy = {"type": energy} if isinstance(energy, str) else dict(energy)
     parts = {"energy": energy}
+    for name in spec:
+        if is_other_target(name):
+            part = spec[name]
+            parts[name] = {"type": part} if isinstance(part, str) else dict(part)
     gradient_names = {"positions": "forces", "strain": "stress"}
     for name, part in (energy.pop("gradients", None) or {}).items():
         if name not in gradient_names:
@@ -59,9 +65,11 @@ def _loss_from_metatrain(spec: dict) -> dict:
     for part in parts.values():
         if part.get("reduction", "mean") != "mean":
             raise ValueError("only the 'mean' reduction is implemented")
+    weights = {target: part.get("weight", 1.0) for target, part in parts.items()}
     options: dict[str, Any] = {
         "type": types.pop(),
-        "weights": {target: part.get("weight", 1.0) for target, part in parts.items()},
+        "weights": {k: v for k, v in weights.items() if not is_other_target(k)},
+        "target_weights": {k: v for k, v in weights.items() if is_other_target(k)},
     }
     deltas = {part["delta"] for part in parts.values() if "delta" in part}
     if len(deltas) > 1:
@@ -89,6 +97,27 @@ class LossOptions(Strict):
     """Relative weight of each target in the total loss."""
     huber_delta: Annotated[float, Field(gt=0)] = 1.0
     """Threshold of the Huber loss, in the target's units (per atom for energy)."""
+    target_weights: dict[str, Annotated[float, Field(ge=0)]] = {}
+    """Weight of each mtt:: target, by name (1 for those not listed); also accepted
+    inside weights. Its loss is taken on each value (component and subtarget) of each
+    structure, or of each atom for a per-atom target, as in metatrain."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _target_weights_in_weights(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("weights"), dict):
+            weights = dict(value["weights"])
+            others = {k: weights.pop(k) for k in list(weights) if is_other_target(str(k))}
+            if others:
+                value = {
+                    **value,
+                    "weights": weights,
+                    "target_weights": {**value.get("target_weights", {}), **others},
+                }
+        return value
+
+    def target_weight(self, name: str) -> float:
+        return float(self.target_weights.get(name, 1.0))
 
 
 FINETUNE_LEARNING_RATE = 1e-4
@@ -231,7 +260,9 @@ class TrainingOptions(Strict):
     @field_validator("loss", mode="before")
     @classmethod
     def _metatrain_loss(cls, value: Any) -> Any:
-        if isinstance(value, dict) and "energy" in value:
+        if isinstance(value, dict) and (
+            "energy" in value or any(is_other_target(str(k)) for k in value)
+        ):
             return _loss_from_metatrain(value)
         return value
 
@@ -405,9 +436,163 @@ class EnergyTargetOptions(Strict):
         return [self, *(g for g in gradients if isinstance(g, GradientOptions))]
 
 
+class CartesianType(Strict):
+    rank: Annotated[int, Field(ge=1, le=2)]
+    """Rank of the Cartesian tensor: 1 (a vector, e.g. a dipole) or 2 (a 3x3 matrix,
+    e.g. a polarisability)."""
+
+
+class IrrepOptions(Strict):
+    o3_lambda: Annotated[int, Field(ge=0)]
+    """Angular order of the block (0 to 2)."""
+    o3_sigma: Literal[1, -1] = 1
+    """1 for a proper tensor, -1 for a pseudotensor."""
+
+
+class SphericalType(Strict):
+    irreps: Annotated[list[IrrepOptions], Field(min_length=1)]
+    """The blocks, in the order their values follow each other in the file."""
+
+
+class TargetType(Strict):
+    cartesian: CartesianType | None = None
+    """A Cartesian tensor."""
+    spherical: SphericalType | None = None
+    """A spherical tensor: irreducible blocks of the rotation group."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TargetType:
+        if (self.cartesian is None) == (self.spherical is None):
+            raise ValueError("give one of 'scalar', {cartesian: {rank}}, {spherical: {irreps}}")
+        return self
+
+
+class OtherTargetOptions(Strict):
+    """A target other than the energy (metatrain's ``mtt::<name>``), predicted directly
+    by a head of its own on the model's per-atom features; its values are used as they
+    are in the file (no unit conversion: ``unit`` is recorded in the exported model)."""
+
+    key: str | None = None
+    """Key of the values in the file: the frame's info (per structure) or its per-atom
+    arrays (per atom). Unset: the target's name without ``mtt::``."""
+    quantity: str = ""
+    """Physical quantity (free text, as metatrain records it)."""
+    unit: str = ""
+    """Unit of the values, recorded in the exported model (e.g. "e*angstrom")."""
+    type: Literal["scalar"] | TargetType = "scalar"
+    """"scalar", {cartesian: {rank: 1 or 2}} or {spherical: {irreps: [{o3_lambda,
+    o3_sigma}, ...]}}, with o3_lambda up to 2. Per structure, a vector has 3 values
+    (x, y, z), a rank-2 tensor 9 (row-major), a spherical block 2*o3_lambda+1 (o3_mu
+    from -o3_lambda up), each times num_subtargets."""
+    per_atom: bool = False
+    """One value per atom (in the frame's arrays) instead of one per structure."""
+    sample_kind: Literal["system", "atom"] | None = None
+    """metatrain 2026.4's spelling of per_atom: "atom" for per_atom: true."""
+    num_subtargets: Annotated[int, Field(ge=1)] = 1
+    """Number of properties of the target (e.g. the points of a density of states)."""
+    description: str = ""
+    """Free-text description, recorded in the exported model."""
+    reader: Literal["ase"] | None = None
+    """Reader library (accepted for metatrain compatibility)."""
+    read_from: str | None = None
+    """Read the target from another file (not supported: must be the systems file)."""
+    forces: Literal[False] | None = None
+    """metatrain's gradients of a target: not for targets other than the energy."""
+    stress: Literal[False] | None = None
+    """As forces."""
+    virial: Literal[False] | None = None
+    """As forces."""
+
+    @model_validator(mode="after")
+    def _sample_kind(self) -> OtherTargetOptions:
+        if self.sample_kind is not None:
+            self.per_atom = self.sample_kind == "atom"
+        return self
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _known_type(cls, value: Any) -> Any:
+        known = "give 'scalar', {cartesian: {rank: 1 or 2}} or {spherical: {irreps: [...]}}"
+        if isinstance(value, str) and value != "scalar":
+            raise ValueError(f"unknown target type '{value}'; {known}")
+        if isinstance(value, dict) and set(value) - {"cartesian", "spherical"}:
+            raise ValueError(f"unknown target type {sorted(value)}; {known}")
+        return value
+
+    @field_validator("type", mode="after")
+    @classmethod
+    def _heads_can_make(cls, value: Any) -> Any:
+        if isinstance(value, TargetType) and value.spherical is not None:
+            for irrep in value.spherical.irreps:
+                problem = unsupported_irrep(Irrep(irrep.o3_lambda, irrep.o3_sigma))
+                if problem:
+                    raise ValueError(problem)
+        return value
+
+    def spec(self, name: str) -> TargetSpec:
+        kind, rank, irreps = "scalar", 0, ()
+        if isinstance(self.type, TargetType):
+            if self.type.cartesian is not None:
+                kind, rank = "cartesian", self.type.cartesian.rank
+            else:
+                assert self.type.spherical is not None
+                kind = "spherical"
+                irreps = tuple(Irrep(i.o3_lambda, i.o3_sigma) for i in self.type.spherical.irreps)
+        return TargetSpec(
+            name=name,
+            key=self.key or name.removeprefix(PREFIX),
+            kind=kind,
+            rank=rank,
+            irreps=irreps,
+            per_atom=self.per_atom,
+            num_subtargets=self.num_subtargets,
+            unit=self.unit,
+            quantity=self.quantity,
+            description=self.description,
+        )
+
+
 class TargetsOptions(Strict):
-    energy: EnergyTargetOptions = EnergyTargetOptions()
+    """The targets of a data set, by metatrain's names: ``energy`` (with its forces and
+    stress) and any number of ``mtt::<name>`` targets. A section that names mtt::
+    targets and no energy learns no energy."""
+
+    energy: EnergyTargetOptions | None = EnergyTargetOptions()
     """The energy target and its derivatives."""
+    others: dict[str, OtherTargetOptions] = {}
+    """The ``mtt::<name>`` targets (written beside energy in the file, not under this
+    key)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_others(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        value = dict(value)
+        others = dict(value.pop("others", None) or {})
+        for name in [name for name in value if isinstance(name, str)]:
+            if is_other_target(name):
+                others[name] = value.pop(name)
+            elif name.startswith("energy/"):
+                raise ValueError(
+                    f"energy variants ('{name}') are not implemented yet; train one energy "
+                    "per model (name it 'energy')"
+                )
+        if others and "energy" not in value:
+            value["energy"] = None
+        if others:
+            value["others"] = others
+        return value
+
+    @model_serializer(mode="wrap")
+    def _others_beside_energy(self, handler: Any) -> dict[str, Any]:
+        """Written as metatrain writes them: each mtt:: target beside the energy."""
+        data = handler(self)
+        data.update(data.pop("others", {}) or {})
+        return data
+
+    def specs(self) -> list[TargetSpec]:
+        return [options.spec(name) for name, options in self.others.items()]
 
 
 class DatasetOptions(Strict):
@@ -536,7 +721,7 @@ def _describe(
     location = tuple(
         part
         for part in location
-        if part not in ("float", "str", "bool", "int")
+        if part not in ("float", "str", "bool", "int", "others")
         and not (isinstance(part, str) and "-" in part)
     )
     dotted = ".".join(str(part) for part in location)
@@ -602,7 +787,9 @@ def _resolve_paths(options: Options, base: Path) -> Options:
     for section in (options.training_set, options.validation_set, options.test_set):
         for dataset in section if isinstance(section, list) else []:
             dataset.systems.read_from = _resolved(dataset.systems.read_from, base)
-            for holder in dataset.targets.energy.file_holders():
+            holders = dataset.targets.energy.file_holders() if dataset.targets.energy else []
+            holders += list(dataset.targets.others.values())
+            for holder in holders:
                 if holder.read_from:
                     holder.read_from = _resolved(holder.read_from, base)
     return options

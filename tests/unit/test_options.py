@@ -145,7 +145,11 @@ def test_metatrain_loss_weights_and_types_are_mapped():
             {"energy": {"reduction": "sum"}},
             "only the 'mean' reduction is implemented",
         ),
-        ("architecture__training__loss", {"energy": {}, "dipole": {}}, "energy target only"),
+        (
+            "architecture__training__loss",
+            {"energy": {}, "dipole": {}},
+            "atomtrain learns 'energy' and mtt::<name> targets",
+        ),
         ("training_set", [], "List should have at least 1 item"),
         ("training_set__0__targets__energy__quantity", "dipole", "Input should be 'energy'"),
     ],

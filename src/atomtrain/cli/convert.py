@@ -68,14 +68,20 @@ def add_parser(commands) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
+    sections = [section for path in arguments.data for section in dataset_options(path)]
+    for section in sections:
+        if section.targets.others:
+            raise OptionsError(
+                f"{section.systems.read_from}: targets {list(section.targets.others)} cannot "
+                "be converted into a memory-mapped directory yet; train on the file itself"
+            )
     sources = [
         Source(
             path=Path(section.systems.read_from),
             keys=target_keys(section, require_energy=False),
             units=Units(length=section.systems.length_unit, energy=section.targets.energy.unit),
         )
-        for path in arguments.data
-        for section in dataset_options(path)
+        for section in sections
     ]
     if arguments.nproc < 1:
         raise OptionsError(f"--nproc {arguments.nproc}: give at least 1 process")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -26,6 +26,10 @@ class Batch:
     # which atoms' forces (structures' stresses) are known, when not all are
     forces_mask: torch.Tensor | None = None  # [n_atoms] bool
     stress_mask: torch.Tensor | None = None  # [n_structures] bool
+    # mtt:: targets: [n_structures, width] or, per atom, [n_atoms, width]; zeros where
+    # unknown, and then a mask of the known samples ([n_structures] or [n_atoms] bool)
+    targets: dict[str, torch.Tensor] = field(default_factory=dict)
+    target_masks: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def n_structures(self) -> int:
@@ -39,11 +43,15 @@ class Batch:
                 # total energies stay float64: they can be large (-20000 eV)
                 keep = item.name == "energy" or not value.is_floating_point()
                 value = value.to(device=device, dtype=None if keep else dtype)
+            elif isinstance(value, dict):  # mtt:: targets (float64, like energies) and masks
+                value = {name: tensor.to(device=device) for name, tensor in value.items()}
             moved[item.name] = value
         return Batch(**moved)
 
 
-def empty_batch(energy: bool, forces: bool, stress: bool) -> Batch:
+def empty_batch(
+    energy: bool, forces: bool, stress: bool, widths: dict[str, int] | None = None
+) -> Batch:
     """A batch of no structure: a rank whose share of a short batch is empty still
     runs the model on it, so it takes part in the gradient reduction."""
     real = torch.zeros((0, 3), dtype=torch.float64)
@@ -61,4 +69,8 @@ def empty_batch(energy: bool, forces: bool, stress: bool) -> Batch:
         energy=torch.zeros(0, dtype=torch.float64) if energy else None,
         forces=real if forces else None,
         stress=torch.zeros((0, 3, 3), dtype=torch.float64) if stress else None,
+        targets={
+            name: torch.zeros((0, width), dtype=torch.float64)
+            for name, width in (widths or {}).items()
+        },
     )

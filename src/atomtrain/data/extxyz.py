@@ -19,6 +19,7 @@ import torch
 import vesin
 
 from ..errors import DataError
+from ..targets import TargetSpec
 from ..units import unit_factor
 from .frames import FrameSet, frames_from_structures
 from .system import Structure
@@ -73,6 +74,8 @@ class TargetKeys:
     read_forces: bool | None = None
     read_stress: bool | None = None
     require_energy: bool = True
+    read_energy: bool = True  # False: the section has no energy target (mtt:: ones only)
+    others: tuple[TargetSpec, ...] = ()  # mtt:: targets, read from every frame
 
 
 def _lookup(atoms: ase.Atoms, key: str, per_atom: bool):
@@ -179,7 +182,33 @@ class FrameReader:
             "A apart); they are used, but check that they are meant"
         )
 
+    def other_target_of(self, index: int, atoms: ase.Atoms, spec: TargetSpec) -> torch.Tensor:
+        """An mtt:: target's values, [width] (or [atoms, width] per atom), as metatrain's
+        ASE reader reshapes them: any array of the right size, row-major."""
+        value = _lookup(atoms, spec.key, per_atom=spec.per_atom)
+        where = "per-atom arrays" if spec.per_atom else "info"
+        if value is None:
+            raise self.fail(
+                index,
+                f"no '{spec.key}' in the frame's {where} for target {spec.name}; keys present: "
+                f"{_present_keys(atoms)}. Set the target's 'key' to one of them",
+            )
+        expected = ((len(atoms),) if spec.per_atom else ()) + spec.shape_in_file()
+        if value.size != int(np.prod(expected)):
+            kind = f"{spec.kind} rank {spec.rank}" if spec.kind == "cartesian" else spec.kind
+            raise self.fail(
+                index,
+                f"target {spec.name} ('{spec.key}') has shape {value.shape}, expected "
+                f"{expected} ({kind}, {spec.num_subtargets} subtarget(s)"
+                f"{', per atom' if spec.per_atom else ''}); fix the data or the target's type",
+            )
+        self.check_finite(index, f"target {spec.name} ('{spec.key}')", value)
+        shape = (len(atoms), spec.width) if spec.per_atom else (spec.width,)
+        return torch.from_numpy(np.ascontiguousarray(value.reshape(shape)))
+
     def energy_of(self, index: int, atoms: ase.Atoms) -> float | None:
+        if not self.keys.read_energy:
+            return None
         value = _lookup(atoms, self.keys.energy, per_atom=False)
         if value is None:
             if self.keys.require_energy:
@@ -256,6 +285,9 @@ class FrameReader:
             energy=self.energy_of(index, atoms),
             forces=self.forces_of(index, atoms, forces) if forces else None,
             stress=self.stress_of(index, atoms, stress) if stress else None,
+            targets={
+                spec.name: self.other_target_of(index, atoms, spec) for spec in self.keys.others
+            },
         )
 
 
@@ -272,6 +304,13 @@ def read_structures(
     keys = keys or TargetKeys()
     if path.is_dir():  # metatrain's memory-mapped layout
         from .memmap import read_directory
+
+        if keys.others:
+            raise DataError(
+                f"{path}: targets {[spec.name for spec in keys.others]} cannot be read from "
+                "a memory-mapped directory yet; give the extended XYZ file it was "
+                "converted from"
+            )
 
         return read_directory(path, keys, units or Units())
     reader = FrameReader(path, keys, units or Units())

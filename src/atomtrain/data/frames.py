@@ -88,6 +88,24 @@ NEIGHBOR_CACHE = NeighborCache()
 
 
 @dataclass
+class TargetColumn:
+    """One mtt:: target of a source: values [n, width] (per structure) or [atoms, width]
+    (per atom, rows as the positions'), zeros where unknown, and which structures have
+    it. No unit conversion: the values are used as the file gives them."""
+
+    values: np.ndarray
+    known: np.ndarray  # [n] bool
+    per_atom: bool
+
+    def of(self, frames: Frames, index: int) -> np.ndarray:
+        """Structure ``index``'s values, [width] or [its atoms, width], in float64."""
+        if self.per_atom:
+            start, end = int(frames.offsets[index]), int(frames.offsets[index + 1])
+            return np.asarray(self.values[start:end], dtype=np.float64)
+        return np.asarray(self.values[index], dtype=np.float64)
+
+
+@dataclass
 class Frames:
     """The structures of one source as columns. Arrays may be memory maps in another
     precision or in the file's units: ``length`` and ``energy_unit`` convert to angstrom
@@ -116,6 +134,7 @@ class Frames:
     cache_neighbors: bool = True  # keep neighbor lists between epochs (NeighborCache)
     neighbor_lists: dict[tuple[float, int], NeighborList] = field(default_factory=dict, repr=False)
     element_set: set[int] | None = field(default=None, repr=False)  # see elements()
+    targets: dict[str, TargetColumn] = field(default_factory=dict)  # mtt:: targets
 
     def elements(self) -> set[int]:
         """The atomic numbers in this source, counted once, a chunk of atoms at a time."""
@@ -180,6 +199,9 @@ class Frames:
             structure.forces = torch.from_numpy(self.forces_of(start, end))
         if self.stress is not None and self.stress_known[index]:
             structure.stress = torch.from_numpy(self.stress_of(index))
+        for name, column in self.targets.items():
+            if column.known[index]:
+                structure.targets[name] = torch.from_numpy(column.of(self, index))
         return structure
 
     def forces_of(self, start: int, end: int) -> np.ndarray:
@@ -219,7 +241,21 @@ def frames_from_structures(source: str, structures: Sequence[Structure]) -> Fram
         stress = np.stack(
             [s.stress.numpy() if s.stress is not None else np.zeros((3, 3)) for s in structures]
         )
+    targets = {}
+    for name in dict.fromkeys(name for s in structures for name in s.targets):
+        known = np.array([name in s.targets for s in structures], dtype=bool)
+        example = next(s.targets[name] for s in structures if name in s.targets)
+        per_atom = example.dim() == 2
+        rows = [
+            s.targets[name].numpy()
+            if name in s.targets
+            else np.zeros((s.n_atoms, example.shape[-1]) if per_atom else example.shape)
+            for s in structures
+        ]
+        values = np.concatenate(rows) if per_atom else np.stack(rows)
+        targets[name] = TargetColumn(values.astype(np.float64), known, per_atom)
     return Frames(
+        targets=targets,
         source=source,
         offsets=offsets,
         positions=stacked([s.positions.numpy() for s in structures], (0, 3)).astype(np.float64),
@@ -328,6 +364,25 @@ class FrameSet(Sequence):
             result[where] = np.asarray(frames.pbc[indices]).all(axis=1)
         return result
 
+    def target_known(self, name: str, positions: np.ndarray | None = None) -> np.ndarray:
+        """Which of the structures at ``positions`` (all by default) have mtt:: target
+        ``name``."""
+        positions = np.arange(len(self)) if positions is None else np.asarray(positions)
+        result = np.zeros(len(positions), dtype=bool)
+        for frames, indices, where in self.by_part(positions):
+            column = frames.targets.get(name)
+            if column is not None:
+                result[where] = column.known[indices]
+        return result
+
+    def target_columns(self) -> dict[str, TargetColumn]:
+        """An example column of each mtt:: target some source has, by name."""
+        columns: dict[str, TargetColumn] = {}
+        for frames in self.parts:
+            for name, column in frames.targets.items():
+                columns.setdefault(name, column)
+        return columns
+
     def count_known(self) -> tuple[int, int]:
         """How many structures have forces, and how many a stress."""
         if not len(self):
@@ -423,6 +478,7 @@ def collate_frames(located: list[tuple[Frames, int]], cutoff: float) -> Batch:
             [float(frames.energy[index]) * frames.energy_unit for frames, index in located],
             dtype=torch.float64,
         )
+    targets, target_masks = collate_targets(located, n_atoms)
     n_atoms_tensor = torch.from_numpy(n_atoms)
     first_tensor, second_tensor = torch.from_numpy(first), torch.from_numpy(second)
     shifts_tensor = torch.from_numpy(shifts)
@@ -450,4 +506,37 @@ def collate_frames(located: list[tuple[Frames, int]], cutoff: float) -> Batch:
         stress=None if stress is None else torch.from_numpy(stress),
         forces_mask=forces_mask,
         stress_mask=stress_mask,
+        targets=targets,
+        target_masks=target_masks,
     )
+
+
+def collate_targets(
+    located: list[tuple[Frames, int]], n_atoms: np.ndarray
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The mtt:: targets of the structures ``located``: values (zeros where unknown) and,
+    when some are unknown, the mask of the known samples."""
+    names = dict.fromkeys(name for frames, _ in located for name in frames.targets)
+    targets, masks = {}, {}
+    for name in names:
+        example = next(frames.targets[name] for frames, _ in located if name in frames.targets)
+        width = example.values.shape[1]
+        known = np.array(
+            [
+                name in frames.targets and bool(frames.targets[name].known[index])
+                for frames, index in located
+            ],
+            dtype=bool,
+        )
+        rows = [
+            frames.targets[name].of(frames, index)
+            if is_known
+            else np.zeros((count, width) if example.per_atom else (width,))
+            for (frames, index), is_known, count in zip(located, known, n_atoms)
+        ]
+        values = np.concatenate(rows) if example.per_atom else np.stack(rows)
+        targets[name] = torch.from_numpy(values.reshape(-1, width))
+        if not known.all():
+            mask = np.repeat(known, n_atoms) if example.per_atom else known
+            masks[name] = torch.from_numpy(mask)
+    return targets, masks

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,6 +50,8 @@ class Structure:
     energy: float | None = None
     forces: torch.Tensor | None = None  # [n_atoms, 3]
     stress: torch.Tensor | None = None  # [3, 3]
+    # mtt:: targets it has: [width] per structure, [n_atoms, width] per atom (float64)
+    targets: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def n_atoms(self) -> int:

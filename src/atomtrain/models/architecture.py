@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from ..targets import TargetSpec
 from .energy_model import EnergyModel
 
 
@@ -82,6 +83,9 @@ class Architecture:
     convention spares embeddings and readouts)."""
     upgrade_hypers: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda h: h)
     """The record of an older atomtrain version in today's form."""
+    learns_other_targets: bool = False
+    """Its models give invariant per-atom features (``atomic_features``), on which heads
+    for mtt:: targets sit."""
 
     def start_file(self, section: BaseModel) -> str | None:
         """The file the section says to start from, if any."""
@@ -95,4 +99,9 @@ class Architecture:
         """A new model (untrained) with the hyperparameters of a record."""
         hypers = self.upgrade_hypers(hypers)
         facts = DataFacts(list(hypers["atomic_types"]), **hypers.get("facts", {}))
-        return self.build(self.options_from(hypers), facts)
+        model = self.build(self.options_from(hypers), facts)
+        targets = hypers.get("targets")
+        if targets is not None:
+            specs = [TargetSpec.from_record(record) for record in targets["others"]]
+            model.attach_targets(specs, bool(targets["energy"]))
+        return model

@@ -14,6 +14,9 @@ from typing import Any
 
 import torch
 
+from ..targets import TargetSpec
+from .heads import NeighborBasis, TargetHead
+
 
 def mirrored_half(
     pair_first: torch.Tensor, pair_second: torch.Tensor, cell_shifts: torch.Tensor
@@ -57,6 +60,72 @@ class EnergyModel(torch.nn.Module):
         self.register_buffer("type_to_index", type_to_index)
         self.register_buffer("baseline", torch.zeros(len(atomic_types), dtype=torch.float64))
         self.register_buffer("scale", torch.ones((), dtype=torch.float64))
+        # targets other than the energy (attach_targets): one head each, on the
+        # architecture's per-atom features and the neighbors' geometry
+        self.learns_energy = True
+        self.target_names: list[str] = []
+        self.per_atom_targets: list[bool] = []
+        self.heads = torch.nn.ModuleList()
+        self.basis = NeighborBasis(len(atomic_types), float(cutoff), False)
+
+    @torch.jit.unused
+    def attach_targets(self, specs: list[TargetSpec], learns_energy: bool = True) -> None:
+        """Heads for ``specs`` (mtt:: targets) on this model's features, recorded in its
+        hypers so that a checkpoint or an exported model builds them again."""
+        self.learns_energy = learns_energy
+        self.target_names = [spec.name for spec in specs]
+        self.per_atom_targets = [spec.per_atom for spec in specs]
+        matrices = any(irrep.o3_lambda == 2 for spec in specs for irrep in spec.blocks())
+        self.basis = NeighborBasis(len(self.atomic_types), self.cutoff, matrices)
+        width = self.feature_width()
+        dtype = next(self.parameters()).dtype
+        self.heads = torch.nn.ModuleList(
+            [TargetHead(spec, len(self.atomic_types), width, self.basis.channels) for spec in specs]
+        )
+        for head in self.heads:
+            head.network.to(dtype)
+        self.hypers = {
+            **self.hypers,
+            "targets": {
+                "energy": learns_energy,
+                "others": [spec.record() for spec in specs],
+            },
+        }
+
+    @torch.jit.unused
+    def target_specs(self) -> list[TargetSpec]:
+        """The mtt:: targets this model has heads for."""
+        records = self.hypers.get("targets", {}).get("others", [])
+        return [TargetSpec.from_record(record) for record in records]
+
+    @torch.jit.unused
+    def heads_to(self, dtype: torch.dtype) -> None:
+        """The heads' networks in ``dtype``; their baselines and scales stay float64."""
+        for head in self.heads:
+            head.network.to(dtype)
+
+    @torch.jit.unused
+    def feature_width(self) -> int:
+        """How many invariant features atomic_features gives each atom."""
+        raise NotImplementedError
+
+    def atomic_features(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+    ) -> torch.Tensor:
+        """The architecture's invariant features of each atom, [n_atoms, feature_width],
+        on which every head sits (architectures that learn mtt:: targets)."""
+        raise NotImplementedError
+
+    def energy_from_features(
+        self, features: torch.Tensor, element_index: torch.Tensor
+    ) -> torch.Tensor:
+        """The architecture's unscaled energy of each atom from its features."""
+        raise NotImplementedError
 
     def set_precision(self, dtype: torch.dtype) -> EnergyModel:
         """The architecture's parameters in ``dtype``; the energy baseline and the sum of
@@ -94,8 +163,28 @@ class EnergyModel(torch.nn.Module):
         cell_shifts: torch.Tensor,
     ) -> torch.Tensor:
         """Total energy of each structure, [n_structures]."""
-        # Pairs laid out [pairs; the same reversed] (as collated) need the geometry of
-        # the first half only: the reversed vectors are exactly the negated ones.
+        edge_vectors, half = self.edge_geometry(
+            positions, cell, system_index, pair_first, pair_second, cell_shifts
+        )
+        atomic = self.atomic_energies(
+            edge_vectors, pair_first, pair_second, atomic_numbers, half > 0
+        )
+        energy = torch.zeros(cell.shape[0], dtype=torch.float64, device=positions.device)
+        return energy.index_add(0, system_index, atomic)
+
+    def edge_geometry(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        system_index: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        cell_shifts: torch.Tensor,
+    ) -> tuple[torch.Tensor, int]:
+        """(the pairs' vectors, how many pairs the first half holds when the second is
+        the first reversed, else 0). Pairs laid out [pairs; the same reversed] (as
+        collated) need the geometry of the first half only: the reversed vectors are
+        exactly the negated ones."""
         half = mirrored_half(pair_first, pair_second, cell_shifts)
         computed = half if half > 0 else pair_first.shape[0]
         first = pair_first[:computed]
@@ -105,11 +194,32 @@ class EnergyModel(torch.nn.Module):
             - positions.index_select(0, first)
             + torch.bmm(cell_shifts[:computed].unsqueeze(1), pair_cell).squeeze(1)
         )
-        atomic = self.atomic_energies(
-            edge_vectors, pair_first, pair_second, atomic_numbers, half > 0
+        return edge_vectors, half
+
+    def atomic_predictions(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        atomic_numbers: torch.Tensor,
+        mirrored: bool,
+    ) -> dict[str, torch.Tensor]:
+        """Every target of each atom from one pass of the features: "energy" [n_atoms]
+        in float64 (when the model learns one) and each mtt:: target [n_atoms, width]."""
+        element_index = self.type_to_index.index_select(0, atomic_numbers)
+        features = self.atomic_features(
+            edge_vectors, pair_first, pair_second, element_index, mirrored
         )
-        energy = torch.zeros(cell.shape[0], dtype=torch.float64, device=positions.device)
-        return energy.index_add(0, system_index, atomic)
+        results: dict[str, torch.Tensor] = {}
+        if self.learns_energy:
+            atomic = self.energy_from_features(features, element_index).to(torch.float64)
+            results["energy"] = atomic * self.scale + self.baseline.index_select(0, element_index)
+        vectors, matrices = self.basis(
+            edge_vectors.to(features.dtype), pair_first, pair_second, element_index, mirrored
+        )
+        for index, head in enumerate(self.heads):
+            results[self.target_names[index]] = head(features, element_index, vectors, matrices)
+        return results
 
     def atomic_energies(
         self,
@@ -173,17 +283,43 @@ class EnergyModel(torch.nn.Module):
         else:
             deformed_positions = positions
             deformed_cell = cell
-        energy = self.energies(
-            deformed_positions,
-            deformed_cell,
-            atomic_numbers,
-            system_index,
-            pair_first,
-            pair_second,
-            cell_shifts,
-        )
-        results: dict[str, torch.Tensor] = {"energy": energy}
-        if len(inputs) == 0:
+        results: dict[str, torch.Tensor] = {}
+        if len(self.heads) == 0:
+            energy = self.energies(
+                deformed_positions,
+                deformed_cell,
+                atomic_numbers,
+                system_index,
+                pair_first,
+                pair_second,
+                cell_shifts,
+            )
+        else:
+            edge_vectors, half = self.edge_geometry(
+                deformed_positions,
+                deformed_cell,
+                system_index,
+                pair_first,
+                pair_second,
+                cell_shifts,
+            )
+            atomic = self.atomic_predictions(
+                edge_vectors, pair_first, pair_second, atomic_numbers, half > 0
+            )
+            n_structures = cell.shape[0]
+            for index, spec_name in enumerate(self.target_names):
+                values = atomic[spec_name]
+                if not self.per_atom_targets[index]:  # a sum of atomic contributions
+                    total = torch.zeros(
+                        (n_structures, values.shape[1]), dtype=values.dtype, device=values.device
+                    )
+                    values = total.index_add(0, system_index, values)
+                results[spec_name] = values
+            energy = torch.zeros(n_structures, dtype=torch.float64, device=positions.device)
+            if self.learns_energy:
+                energy = energy.index_add(0, system_index, atomic["energy"])
+        results["energy"] = energy
+        if len(inputs) == 0 or not self.learns_energy:
             return results
         gradients = torch.autograd.grad(
             [energy.sum()], inputs, create_graph=create_graph, allow_unused=True
@@ -200,3 +336,8 @@ class EnergyModel(torch.nn.Module):
             stress = gradient / volume.reshape(-1, 1, 1)
             results["stress"] = stress * periodic.reshape(-1, 1, 1).to(stress.dtype)
         return results
+
+
+# TorchScript types attributes by the class's annotations, which must be types, not the
+# strings postponed annotations leave: an empty list could not be typed otherwise
+EnergyModel.__annotations__.update(target_names=list[str], per_atom_targets=list[bool])

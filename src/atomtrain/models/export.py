@@ -46,16 +46,25 @@ def atomistic_model(model: EnergyModel):
     from .metatomic_wrapper import MetatomicEnergy
 
     architecture = registry.architecture_of(model.hypers)
+    specs = model.target_specs()
     inner = architecture.script(copy.deepcopy(model).cpu().eval())
+    outputs = {}
+    if model.learns_energy:
+        outputs["energy"] = ModelOutput(
+            quantity="",  # deprecated: metatomic reads the dimension from the unit
+            unit=model.energy_unit,
+            sample_kind="atom",  # per system by default, per atom on request
+            description="potential energy",
+        )
+    for spec in specs:
+        outputs[spec.name] = ModelOutput(
+            quantity="",
+            unit=spec.unit,
+            sample_kind="atom" if spec.per_atom else "system",
+            description=spec.description or spec.quantity or spec.name,
+        )
     capabilities = ModelCapabilities(
-        outputs={
-            "energy": ModelOutput(
-                quantity="",  # deprecated: metatomic reads the dimension from the unit
-                unit=model.energy_unit,
-                sample_kind="atom",  # per system by default, per atom on request
-                description="potential energy",
-            )
-        },
+        outputs=outputs,
         atomic_types=[int(z) for z in model.atomic_types],
         interaction_range=float(model.cutoff),
         length_unit=model.length_unit,
@@ -77,7 +86,7 @@ def atomistic_model(model: EnergyModel):
             EXTRA_KEYS[BASELINE_SPAN_FILE]: json.dumps(getattr(model, "baseline_span", None)),
         },
     )
-    return AtomisticModel(MetatomicEnergy(inner).eval(), metadata, capabilities)
+    return AtomisticModel(MetatomicEnergy(inner, specs).eval(), metadata, capabilities)
 
 
 def export(model: EnergyModel, path: str | Path) -> None:

@@ -5,12 +5,13 @@ forces, stress and virials by autograd through it."""
 # metatomic checks the annotations of forward by their spelling (List[System], not
 # list[System]), so this module keeps typing's names and no postponed annotations
 # ruff: noqa: UP006, UP035, UP045
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import ModelOutput, NeighborListOptions, System
 
+from ..targets import TargetSpec
 from .energy_model import EnergyModel
 
 
@@ -18,9 +19,25 @@ class MetatomicEnergy(torch.nn.Module):
     """The ``energy`` output of an EnergyModel, per system or per atom, for the atoms of
     ``selected_atoms`` (all when None)."""
 
-    def __init__(self, model: EnergyModel):
+    target_names: List[str]
+    target_kinds: List[str]
+    target_ranks: List[int]
+    target_subtargets: List[int]
+    target_irreps: List[List[int]]
+
+    def __init__(self, model: EnergyModel, specs: Optional[List[TargetSpec]] = None):
         super().__init__()
         self.model = model
+        # the mtt:: targets' layouts (what target_map builds), in TorchScript's types
+        specs = specs if specs is not None else []
+        self.target_names: List[str] = [spec.name for spec in specs]
+        self.target_kinds: List[str] = [spec.kind for spec in specs]
+        self.target_ranks: List[int] = [spec.rank for spec in specs]
+        self.target_subtargets: List[int] = [spec.num_subtargets for spec in specs]
+        self.target_irreps: List[List[int]] = [
+            [number for irrep in spec.irreps for number in (irrep.o3_lambda, irrep.o3_sigma)]
+            for spec in specs
+        ]
         # a half list: the model mirrors it, computing each pair's geometry once
         self.neighbors = NeighborListOptions(
             cutoff=model.cutoff, full_list=False, strict=True, requestor="atomtrain"
@@ -35,7 +52,11 @@ class MetatomicEnergy(torch.nn.Module):
         outputs: Dict[str, ModelOutput],
         selected_atoms: Optional[Labels] = None,
     ) -> Dict[str, TensorMap]:
-        if "energy" not in outputs:
+        wanted: List[str] = []
+        for name in outputs.keys():
+            if name == "energy" or name in self.target_names:
+                wanted.append(name)
+        if len(wanted) == 0:
             return {}
         device = systems[0].positions.device
         vectors: List[torch.Tensor] = []
@@ -55,18 +76,60 @@ class MetatomicEnergy(torch.nn.Module):
             offset += len(system)
         first = joined(firsts)
         second = joined(seconds)
-        atomic = self.model.atomic_energies(
+        if len(self.target_names) == 0:
+            atomic = self.model.atomic_energies(
+                joined(vectors),
+                torch.cat([first, second]),
+                torch.cat([second, first]),
+                joined(types),
+                True,
+            )
+            per_atom = outputs["energy"].sample_kind == "atom"
+            if len(systems) == 1 and selected_atoms is None and not per_atom:
+                # what an MD engine asks at every step: a dozen operations fewer
+                total = Labels(["system"], torch.zeros((1, 1), dtype=torch.int32, device=device))
+                return energy_map(atomic.sum().reshape(1, 1), total)
+            values, samples = self.samples_of(
+                atomic.reshape(-1, 1), systems, starts, offset, per_atom, selected_atoms
+            )
+            return energy_map(values, samples)
+        predictions = self.model.atomic_predictions(
             joined(vectors),
             torch.cat([first, second]),
             torch.cat([second, first]),
             joined(types),
             True,
         )
-        per_atom = outputs["energy"].sample_kind == "atom"
-        if len(systems) == 1 and selected_atoms is None and not per_atom:
-            # what an MD engine asks at every step: a dozen operations fewer
-            total = Labels(["system"], torch.zeros((1, 1), dtype=torch.int32, device=device))
-            return energy_map(atomic.sum().reshape(1, 1), total)
+        results: Dict[str, TensorMap] = {}
+        for name in wanted:
+            atomic = predictions[name]
+            per_atom = outputs[name].sample_kind == "atom"
+            values, samples = self.samples_of(
+                atomic.reshape(atomic.shape[0], -1),
+                systems,
+                starts,
+                offset,
+                per_atom,
+                selected_atoms,
+            )
+            if name == "energy":
+                results[name] = energy_map(values, samples)["energy"]
+            else:
+                results[name] = self.target_map(self.target_names.index(name), values, samples)
+        return results
+
+    def samples_of(
+        self,
+        atomic: torch.Tensor,
+        systems: List[System],
+        starts: List[int],
+        offset: int,
+        per_atom: bool,
+        selected_atoms: Optional[Labels],
+    ) -> Tuple[torch.Tensor, Labels]:
+        """Per-atom values [atoms, width] as the samples asked for: the atoms of
+        ``selected_atoms`` (all when None), each or summed per system."""
+        device = atomic.device
         first_atoms = torch.tensor(starts, dtype=torch.long, device=device)
         counts = torch.tensor([len(system) for system in systems], device=device)
         systems_of_atoms = torch.repeat_interleave(
@@ -80,18 +143,70 @@ class MetatomicEnergy(torch.nn.Module):
             systems_of_atoms = systems_of_atoms.index_select(0, kept)
             atoms = atoms.index_select(0, kept)
         if per_atom:
-            values = atomic.reshape(-1, 1)
             samples = Labels(
                 ["system", "atom"], torch.stack([systems_of_atoms, atoms], dim=1).to(torch.int32)
             )
-        else:
-            energy = torch.zeros(len(systems), dtype=atomic.dtype, device=device)
-            values = energy.index_add(0, systems_of_atoms, atomic).reshape(-1, 1)
-            samples = Labels(
-                ["system"],
-                torch.arange(len(systems), dtype=torch.int32, device=device).reshape(-1, 1),
+            return atomic, samples
+        total = torch.zeros((len(systems), atomic.shape[1]), dtype=atomic.dtype, device=device)
+        samples = Labels(
+            ["system"],
+            torch.arange(len(systems), dtype=torch.int32, device=device).reshape(-1, 1),
+        )
+        return total.index_add(0, systems_of_atoms, atomic), samples
+
+    def target_map(self, index: int, values: torch.Tensor, samples: Labels) -> TensorMap:
+        """An mtt:: target's values [samples, width] as metatrain lays it out: one block
+        of components (xyz; xyz_1, xyz_2) and subtargets, or one block per irrep."""
+        device = values.device
+        subtargets = self.target_subtargets[index]
+        kind = self.target_kinds[index]
+        properties = Labels(
+            ["properties"],
+            torch.arange(subtargets, dtype=torch.int32, device=device).reshape(-1, 1),
+        )
+        if kind != "spherical":
+            xyz = Labels(["xyz"], torch.arange(3, dtype=torch.int32, device=device).reshape(-1, 1))
+            components: List[Labels] = []
+            shape = [values.shape[0]]
+            if kind == "cartesian" and self.target_ranks[index] == 1:
+                components = [xyz]
+                shape = shape + [3]
+            elif kind == "cartesian":
+                components = [
+                    Labels(["xyz_1"], xyz.values),
+                    Labels(["xyz_2"], xyz.values),
+                ]
+                shape = shape + [3, 3]
+            block = TensorBlock(
+                values=values.reshape(shape + [subtargets]),
+                samples=samples,
+                components=components,
+                properties=properties,
             )
-        return energy_map(values, samples)
+            keys = Labels(["_"], torch.zeros((1, 1), dtype=torch.int32, device=device))
+            return TensorMap(keys, [block])
+        irreps = self.target_irreps[index]
+        shaped = values.reshape(values.shape[0], -1, subtargets)
+        blocks: List[TensorBlock] = []
+        start = 0
+        for position in range(len(irreps) // 2):
+            o3_lambda = irreps[2 * position]
+            size = 2 * o3_lambda + 1
+            mu = torch.arange(-o3_lambda, o3_lambda + 1, dtype=torch.int32, device=device)
+            blocks.append(
+                TensorBlock(
+                    values=shaped[:, start : start + size, :],
+                    samples=samples,
+                    components=[Labels(["o3_mu"], mu.reshape(-1, 1))],
+                    properties=properties,
+                )
+            )
+            start += size
+        keys = Labels(
+            ["o3_lambda", "o3_sigma"],
+            torch.tensor(irreps, dtype=torch.int32, device=device).reshape(-1, 2),
+        )
+        return TensorMap(keys, blocks)
 
 
 def joined(tensors: List[torch.Tensor]) -> torch.Tensor:

@@ -207,3 +207,71 @@ def refit_baseline(
     listing = ", ".join(f"Z={z}: {e:+.6f} eV" for z, e in zip(types, shift.tolist()))
     logger.info(f"per-element energies refitted to the trained model's residuals ({listing})")
     return True
+
+
+def target_rows(
+    frames, indices: np.ndarray, column, atomic_types: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(compositions [rows, n_elements], values [rows, width]) of an mtt:: target over
+    the structures ``indices`` of ``frames`` that have it: a row per structure, or per
+    atom (its element one-hot) for a per-atom target."""
+    indices = indices[column.known[indices]]
+    lookup = np.full(max(atomic_types) + 1, -1, dtype=np.int64)
+    lookup[atomic_types] = np.arange(len(atomic_types))
+    rows = frames.atoms_of(indices)
+    elements = lookup[np.asarray(frames.numbers[rows], dtype=np.int64)]
+    if column.per_atom:
+        counts = np.zeros((len(rows), len(atomic_types)))
+        counts[np.arange(len(rows)), elements] = 1.0
+        return counts, np.asarray(column.values[rows], dtype=np.float64)
+    system = np.repeat(np.arange(len(indices)), frames.atom_counts[indices])
+    counts = np.zeros((len(indices), len(atomic_types)))
+    np.add.at(counts, (system, elements), 1.0)
+    return counts, np.asarray(column.values[indices], dtype=np.float64)
+
+
+def fit_target_baselines(model: EnergyModel, training: FrameSet, context: Context) -> None:
+    """Each mtt:: head's per-element baseline (of its o3_lambda 0 part, by least
+    squares, as the energy's) and scale (the RMS of what the baseline leaves, per atom
+    and value), from every rank's share as sums: the same for any number of processes."""
+    types = model.atomic_types
+    for spec, head in zip(model.target_specs(), model.heads):
+        n_sub = spec.num_subtargets
+        gram = torch.zeros((len(types), len(types)), dtype=torch.float64)
+        moment = torch.zeros((len(types), n_sub), dtype=torch.float64)
+        gathered = []
+        for frames, indices in training.chunks(local_share(training, context)):
+            column = frames.targets.get(spec.name)
+            if column is None:
+                continue
+            counts, values = target_rows(frames, indices, column, types)
+            gathered.append((counts, values))
+            isotropic = spec.isotropic(values)
+            if isotropic is not None:
+                part_gram, part_moment = normal_equation_sums(
+                    torch.from_numpy(counts), torch.from_numpy(isotropic)
+                )
+                gram += part_gram
+                moment += part_moment
+        packed = context.all_reduce_sum(torch.cat([gram.reshape(-1), moment.reshape(-1)]))
+        baseline = torch.zeros((len(types), n_sub), dtype=torch.float64)
+        if spec.isotropic_positions() is not None:
+            baseline = solve_baseline(
+                packed[: len(types) ** 2].reshape(len(types), len(types)),
+                packed[len(types) ** 2 :].reshape(len(types), n_sub),
+            )
+        spread = torch.zeros(2, dtype=torch.float64)
+        for counts, values in gathered:
+            residual = spec.without_isotropic(values, counts @ baseline.numpy())
+            # a structure's value is a sum over its atoms: its spread per atom
+            spread += torch.tensor([(residual**2).sum(), counts.sum() * values.shape[1]])
+        spread = context.all_reduce_sum(spread)
+        scale = math.sqrt(float(spread[0] / spread[1])) if spread[0] > 0 else 1.0
+        head.baseline.copy_(baseline)
+        head.scale.fill_(scale)
+        listing = ", ".join(
+            f"Z={z}: {', '.join(f'{v:.6g}' for v in row)}"
+            for z, row in zip(types, baseline.tolist())
+        )
+        fitted = f"per-element baseline {listing}; " if spec.isotropic_positions() else ""
+        logger.info(f"{spec.name}: {fitted}scale {scale:.6g} {spec.unit}".rstrip())

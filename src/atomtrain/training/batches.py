@@ -35,10 +35,16 @@ def global_counts(structures: FrameSet, indices: list[int]) -> GlobalCounts:
     atoms = structures.gathered("atom_counts", positions)
     with_forces = structures.gathered("forces_known", positions)
     with_stress = structures.gathered("stress_known", positions)
+    values = {}
+    for name, column in structures.target_columns().items():
+        known = structures.target_known(name, positions)
+        samples = int(atoms[known].sum()) if column.per_atom else int(known.sum())
+        values[name] = samples * int(column.values.shape[1])
     return GlobalCounts(
         structures=len(indices),
         force_components=3 * int(atoms[with_forces].sum()),
         stress_components=9 * int(with_stress.sum()),
+        target_values=values,
     )
 
 
@@ -54,12 +60,14 @@ class StepBatches:
     forces: bool  # the set has forces somewhere: an empty share still carries the keys
     stress: bool
     workers: int = 0
+    energy: bool = True  # the set has energies (an empty share carries the key)
+    widths: dict[str, int] | None = None  # of the mtt:: targets, for an empty share
 
     def build(self, global_batch: list[int]) -> tuple[GlobalCounts, Batch]:
         counts = global_counts(self.structures, global_batch)
         mine = shard_by_work(global_batch, self.work, self.rank, self.world_size)
         if not mine:
-            return counts, empty_batch(True, self.forces, self.stress)
+            return counts, empty_batch(self.energy, self.forces, self.stress, self.widths)
         return counts, self.structures.batch(mine, self.cutoff)
 
     def steps(

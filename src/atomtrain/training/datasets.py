@@ -25,6 +25,15 @@ def _gradient_choice(value, default_key: str) -> tuple[str, bool | None]:
 
 def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetKeys:
     energy = dataset.targets.energy
+    others = tuple(dataset.targets.specs())
+    if energy is None:  # mtt:: targets only
+        return TargetKeys(
+            read_forces=False,
+            read_stress=False,
+            require_energy=False,
+            read_energy=False,
+            others=others,
+        )
     forces_key, read_forces = _gradient_choice(energy.forces, "forces")
     stress_key, read_stress = _gradient_choice(energy.stress, "stress")
     virial_key, read_virial = _gradient_choice(energy.virial, "virial")
@@ -38,11 +47,14 @@ def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetK
         read_forces=read_forces,
         read_stress=read_stress,
         require_energy=require_energy,
+        others=others,
     )
 
 
 def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> FrameSet:
-    for holder in dataset.targets.energy.file_holders():
+    energy = dataset.targets.energy
+    holders = [*(energy.file_holders() if energy else []), *dataset.targets.others.values()]
+    for holder in holders:
         elsewhere = holder.read_from
         if elsewhere not in (None, dataset.systems.read_from):
             raise DataError(
@@ -52,7 +64,7 @@ def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> FrameS
     return read_structures(
         dataset.systems.read_from,
         target_keys(dataset, require_energy),
-        Units(length=dataset.systems.length_unit, energy=dataset.targets.energy.unit),
+        Units(length=dataset.systems.length_unit, energy=energy.unit if energy else "eV"),
     )
 
 

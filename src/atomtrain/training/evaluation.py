@@ -66,10 +66,12 @@ def metric_sums(
     batch_size: int,
     dtype: torch.dtype,
     max_atoms: int | None = None,
+    targets: tuple[str, ...] = (),
 ) -> torch.Tensor:
     """This rank's error sums over its shard (every rank must call the reduction), in
-    batches of ``batch_size`` structures or of at most ``max_atoms`` atoms."""
-    sums = MetricSums(context.device)
+    batches of ``batch_size`` structures or of at most ``max_atoms`` atoms; ``targets``:
+    the mtt:: targets whose errors are summed too."""
+    sums = MetricSums(context.device, targets)
     if not len(structures):
         return sums.values
     cutoff = float(model.cutoff)

@@ -47,7 +47,9 @@ from .work import work
 logger = logging.getLogger(LOGGER_NAME)
 
 
-def selection_metric(metrics: dict[str, float], options: Options) -> float:
+def selection_metric(
+    metrics: dict[str, float], options: Options, targets: tuple[str, ...] = ()
+) -> float:
     """What validation picks the best model by (``best_model_metric``): by default the
     per-target errors weighed as the loss weighs them (MAE for an MAE loss, else squared
     errors), stress counted as the loss counts it, as a virial per atom: in eV/A^3 its
@@ -55,15 +57,19 @@ def selection_metric(metrics: dict[str, float], options: Options) -> float:
     chosen whatever its energies on strained cells (docs/performance.md). Or
     metatrain's product of the RMSEs (MAEs) of the targets present."""
     training = options.architecture.training
-    targets = ("energy_per_atom", "forces", "virial_per_atom")
+    names = ("energy_per_atom", "forces", "virial_per_atom", *targets)
     if training.best_model_metric != "loss":
         kind = training.best_model_metric.removesuffix("_prod")
-        names = [f"{target}_{kind}" for target in targets]
-        return math.prod(metrics[name] for name in names if name in metrics)
-    weights = training.loss.weights  # type: ignore[union-attr]
-    kind = "mae" if training.loss.type == "mae" else "rmse"  # type: ignore[union-attr]
+        chosen = [f"{target}_{kind}" for target in names]
+        return math.prod(metrics[name] for name in chosen if name in metrics)
+    loss = training.loss
+    weights = loss.weights  # type: ignore[union-attr]
+    kind = "mae" if loss.type == "mae" else "rmse"  # type: ignore[union-attr]
     total = 0.0
-    for target, weight in zip(targets, (weights.energy, weights.forces, weights.stress)):
+    target_weights = [loss.target_weight(name) for name in targets]  # type: ignore[union-attr]
+    for target, weight in zip(
+        names, (weights.energy, weights.forces, weights.stress, *target_weights)
+    ):
         value = metrics.get(f"{target}_{kind}")
         if value is not None:
             total += weight * (value if kind == "mae" else value**2)
@@ -125,7 +131,13 @@ class Trainer:
             self.forces,
             self.stress,
             batch_workers(self.training_options, context.device),
+            energy=self.model.learns_energy,
+            widths={
+                name: int(column.values.shape[1])
+                for name, column in training.target_columns().items()
+            },
         )
+        self.targets = tuple(self.model.target_names)
         if context.is_main and state is None:
             record = expanded(options)
             record["seed"] = seed
@@ -178,7 +190,7 @@ class Trainer:
         """One pass over the training set from global step ``start_step`` of the epoch;
         returns this rank's metric sums."""
         context = self.context
-        sums = MetricSums(context.device)
+        sums = MetricSums(context.device, self.targets)
         if start_step and self.resumed_sums is not None:
             sums.values += self.resumed_sums
         batches = self.plan.batches(epoch)
@@ -282,6 +294,7 @@ class Trainer:
             self.training_options.batch_size,
             self.dtype,
             self.training_options.max_atoms_per_batch,
+            self.targets,
         )
 
     def checkpoint_state(
@@ -337,15 +350,15 @@ class Trainer:
                 train_sums, validation_sums, *file_sums = reduce_together(
                     context, [train_values, *validation_values]
                 )
-                train_metrics = finalize(train_sums)
-                validation_metrics = finalize(validation_sums)
+                train_metrics = finalize(train_sums, self.targets)
+                validation_metrics = finalize(validation_sums, self.targets)
                 file_metrics = {
-                    label: finalize(sums)
+                    label: finalize(sums, self.targets)
                     for (label, _), sums in zip(self.validation_files, file_sums)
                 }
                 train_loss = float(train_sums[SUM_NAMES.index("loss")]) / self.steps_per_epoch
                 chosen = validation_metrics if self.datasets.validation else train_metrics
-                metric = selection_metric(chosen, self.options)
+                metric = selection_metric(chosen, self.options, self.targets)
                 if options.lr_scheduler == "ReduceLROnPlateau" and self.plateau.validated(metric):
                     apply_now(self.scheduler)
                     rate = self.optimizer.param_groups[0]["lr"]
@@ -401,7 +414,7 @@ class Trainer:
         context = self.context
         self.model.load_state_dict(self.best_state)
         self.adapt_threads()
-        refitted = refit_baseline(
+        refitted = self.model.learns_energy and refit_baseline(
             self.model, self.datasets.training, self.options, context, self.dtype
         )
         names: list[str] = []
@@ -412,7 +425,7 @@ class Trainer:
             names += [label, *(f"{label}: {name}" for name, _ in shares)]
             local += self.evaluate_with_shares(getattr(self.datasets, part), shares)
         sums = reduce_together(context, local)
-        results = {name: finalize(values) for name, values in zip(names, sums)}
+        results = {name: finalize(values, self.targets) for name, values in zip(names, sums)}
         logger.info(f"best model: epoch {self.best_epoch}")
         logger.info(metrics_table(results))
         if context.is_main:

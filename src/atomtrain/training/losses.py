@@ -3,7 +3,7 @@ whole global batch (and the sum of the ranks' gradients the single-process gradi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +18,7 @@ class GlobalCounts:
     structures: int
     force_components: int
     stress_components: int
+    target_values: dict[str, int] = field(default_factory=dict)  # known values, mtt::
 
 
 def elementwise(kind: str, difference: torch.Tensor, huber_delta: float) -> torch.Tensor:
@@ -56,10 +57,11 @@ def batch_loss(
 ) -> torch.Tensor:
     """This rank's share of the global-batch loss: its error sums over global counts."""
     weights = options.weights
-    assert batch.energy is not None
-    difference = (predictions["energy"] - batch.energy) / batch.n_atoms
-    loss = weights.energy * elementwise(options.type, difference, options.huber_delta).sum()
-    loss = loss / max(counts.structures, 1)
+    loss = predictions["energy"].new_zeros(())
+    if batch.energy is not None:
+        difference = (predictions["energy"] - batch.energy) / batch.n_atoms
+        term = elementwise(options.type, difference, options.huber_delta).sum()
+        loss = loss + weights.energy * term / max(counts.structures, 1)
     if batch.forces is not None and "forces" in predictions:
         difference = known_only(predictions["forces"] - batch.forces, batch.forces_mask)
         term = elementwise(options.type, difference, options.huber_delta).sum()
@@ -69,4 +71,11 @@ def batch_loss(
         difference = known_only(difference, batch.stress_mask)
         term = elementwise(options.type, difference, options.huber_delta).sum()
         loss = loss + weights.stress * term / max(counts.stress_components, 1)
+    for name, reference in batch.targets.items():
+        if name not in predictions:
+            continue
+        difference = known_only(predictions[name] - reference, batch.target_masks.get(name))
+        term = elementwise(options.type, difference, options.huber_delta).sum()
+        weight = options.target_weight(name)
+        loss = loss + weight * term / max(counts.target_values.get(name, 0), 1)
     return loss

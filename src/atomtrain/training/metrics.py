@@ -49,12 +49,24 @@ def known_count(difference: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
     return mask.sum() * (difference.numel() // max(mask.numel(), 1))
 
 
+def sum_names(targets: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The sums kept: the energy's, then squared and absolute errors and the count of
+    known values of each mtt:: target."""
+    extra = tuple(f"{name}_{part}" for name in targets for part in TARGET_PARTS)
+    return SUM_NAMES + extra
+
+
+TARGET_PARTS = ("squared", "absolute", "values")
+
+
 class MetricSums:
     """Running sums of errors and counts, kept as one float64 tensor."""
 
-    def __init__(self, device: torch.device | str = "cpu"):
-        self.values = torch.zeros(len(SUM_NAMES), dtype=torch.float64, device=device)
-        self.index = {name: position for position, name in enumerate(SUM_NAMES)}
+    def __init__(self, device: torch.device | str = "cpu", targets: tuple[str, ...] = ()):
+        names = sum_names(targets)
+        self.targets = targets
+        self.values = torch.zeros(len(names), dtype=torch.float64, device=device)
+        self.index = {name: position for position, name in enumerate(names)}
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
         self.values[self.index[name]] += value
@@ -89,6 +101,15 @@ class MetricSums:
             virial = difference * volume_per_atom(batch).double()
             self.add("virial_per_atom_squared", (virial**2).sum())
             self.add("virial_per_atom_absolute", virial.abs().sum())
+        for name in self.targets:
+            if name not in batch.targets or name not in predictions:
+                continue
+            mask = batch.target_masks.get(name)
+            difference = (predictions[name].detach() - batch.targets[name]).double()
+            difference = known_only(difference, mask)
+            self.add(f"{name}_squared", (difference**2).sum())
+            self.add(f"{name}_absolute", difference.abs().sum())
+            self.add(f"{name}_values", known_count(difference, mask))
         if loss is not None:
             self.add("loss", loss.detach().double())
 
@@ -101,18 +122,24 @@ def resumed_sums(values: torch.Tensor) -> torch.Tensor:
     return torch.cat([values, values.new_zeros(missing)]) if missing > 0 else values
 
 
-def finalize(values: torch.Tensor) -> dict[str, float]:
-    """Metrics from (already reduced) sums; targets without data are left out."""
-    sums = dict(zip(SUM_NAMES, values.cpu().tolist()))
+def finalize(values: torch.Tensor, targets: tuple[str, ...] = ()) -> dict[str, float]:
+    """Metrics from (already reduced) sums; targets without data are left out. An mtt::
+    target's are ``<name>_rmse`` and ``<name>_mae`` over its known values."""
+    sums = dict(zip(sum_names(targets), values.cpu().tolist()))
     metrics = {}
-    for name, (total, count, root) in METRICS.items():
-        if sums[count] > 0:
+    kinds = dict(METRICS)
+    for name in targets:
+        kinds[f"{name}_rmse"] = (f"{name}_squared", f"{name}_values", True)
+        kinds[f"{name}_mae"] = (f"{name}_absolute", f"{name}_values", False)
+    for name, (total, count, root) in kinds.items():
+        if sums.get(count, 0) > 0:
             mean = sums[total] / sums[count]
             metrics[name] = math.sqrt(mean) if root else mean
     return metrics
 
 
 def reduce_together(context, parts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Sum several MetricSums tensors over ranks in one fused call; same order back."""
+    """Sum several MetricSums tensors (of one layout) over ranks in one fused call; same
+    order back."""
     reduced = context.all_reduce_sum(torch.cat(parts))
-    return list(reduced.split(len(SUM_NAMES)))
+    return list(reduced.split(parts[0].shape[0]))

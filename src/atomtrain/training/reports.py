@@ -9,17 +9,24 @@ import torch
 
 from ..models import registry
 from ..models.energy_model import EnergyModel
+from ..targets import PREFIX
 from .datasets import Datasets
 
 
 def describe_data(datasets: Datasets) -> str:
     training = datasets.training
     with_forces, with_stress = training.count_known()
+    others = "".join(
+        describe_share(name, int(training.target_known(name).sum()), len(training), always=True)
+        for name in training.target_columns()
+    )
+    energy = "energy" if training.gathered("energy_known").any() else "no energy"
     return (
         f"data: {len(training)} training, {len(datasets.validation)} validation, "
-        f"{len(datasets.test)} test structures; targets: energy"
+        f"{len(datasets.test)} test structures; targets: {energy}"
         + describe_share("forces", with_forces, len(training))
         + describe_share("stress", with_stress, len(training))
+        + others
     )
 
 
@@ -45,8 +52,8 @@ def describe_model(model: EnergyModel, dtype: torch.dtype) -> str:
     )
 
 
-def describe_share(target: str, given: int, total: int) -> str:
-    if given == 0:
+def describe_share(target: str, given: int, total: int, always: bool = False) -> str:
+    if given == 0 and not always:
         return ""
     return f", {target}" + (f" ({given} of {total} structures)" if given < total else "")
 
@@ -60,6 +67,9 @@ def describe(metrics: dict[str, float]) -> str:
     ):
         if f"{target}_rmse" in metrics:
             parts.append(f"{label} RMSE {metrics[f'{target}_rmse'] * factor:.4g} {unit}")
+    for name, value in metrics.items():  # mtt:: targets, in their own units
+        if name.startswith(PREFIX) and name.endswith("_rmse"):
+            parts.append(f"{name.removesuffix('_rmse')} RMSE {value:.4g}")
     return ", ".join(parts) if parts else "no targets"
 
 
@@ -77,13 +87,18 @@ def metrics_table(
         ("stress_rmse", "S RMSE", 1e3),
         ("stress_mae", "S MAE", 1e3),
     ]
+    others = dict.fromkeys(
+        key for metrics in results.values() for key in metrics if key.startswith(PREFIX)
+    )
+    columns += [(key, key.replace("_rmse", " RMSE").replace("_mae", " MAE"), 1.0) for key in others]
     present = [c for c in columns if any(c[0] in metrics for metrics in results.values())]
     width = max(12, *(len(name) + 2 for name in results))
-    header = f"{'set':<{width}}" + "".join(f"{label:>14}" for _, label, _ in present)
+    cell = max(14, *(len(label) + 2 for _, label, _ in present))
+    header = f"{'set':<{width}}" + "".join(f"{label:>{cell}}" for _, label, _ in present)
     lines = [f"{title} (meV, meV/atom, meV/A, meV/A^3):", header]
     for name, metrics in results.items():
         cells = "".join(
-            f"{metrics[key] * factor:>14.4f}" if key in metrics else f"{'-':>14}"
+            f"{metrics[key] * factor:>{cell}.4f}" if key in metrics else f"{'-':>{cell}}"
             for key, _, factor in present
         )
         lines.append(f"{name:<{width}}" + cells)

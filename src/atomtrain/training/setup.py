@@ -20,7 +20,8 @@ from ..models import registry
 from ..models.architecture import DataFacts
 from ..models.energy_model import EnergyModel
 from ..options import FINETUNE_LEARNING_RATE, Options, TrainingOptions
-from .baseline import fit_baseline, refit_undetermined_baseline
+from ..targets import TargetSpec
+from .baseline import fit_baseline, fit_target_baselines, refit_undetermined_baseline
 from .checkpoint import model_from_checkpoint
 from .datasets import Datasets, file_labels, load_datasets
 from .outputs import LOGGER_NAME
@@ -121,6 +122,37 @@ def starting_point(options: Options) -> str | None:
     return registry.architecture(options.architecture.name).start_file(options.architecture.model)
 
 
+def training_targets(options: Options) -> tuple[list[TargetSpec], bool]:
+    """The mtt:: targets the training sections name (each once, alike wherever it is
+    named), and whether they learn an energy (all of them or none)."""
+    specs: dict[str, TargetSpec] = {}
+    for dataset in options.training_set:
+        for spec in dataset.targets.specs():
+            known = specs.setdefault(spec.name, spec)
+            if known.record() | {"key": ""} != spec.record() | {"key": ""}:
+                raise OptionsError(
+                    f"training_set: target {spec.name} is declared differently in "
+                    f"{dataset.systems.read_from} (type, per_atom, num_subtargets or unit); "
+                    "declare it alike in every section"
+                )
+    with_energy = [dataset.targets.energy is not None for dataset in options.training_set]
+    if any(with_energy) and not all(with_energy):
+        lacking = [
+            dataset.systems.read_from
+            for dataset in options.training_set
+            if dataset.targets.energy is None
+        ]
+        raise OptionsError(
+            f"training_set: {', '.join(lacking)} give(s) no energy while other sections do; "
+            "atomtrain trains an energy on every section or on none yet: add the energy "
+            "target there or train the energy in a run of its own"
+        )
+    learns_energy = all(with_energy)
+    if not learns_energy and not specs:
+        raise OptionsError("training_set: no target to learn; give 'energy' or mtt:: targets")
+    return list(specs.values()), learns_energy
+
+
 def fresh_seed() -> int:
     """The seed of a run whose options give none (rank 0's, shared with the others)."""
     return random.SystemRandom().randrange(2**31)
@@ -147,7 +179,14 @@ def prepare(
     batches. Collective over ``context`` (the baseline is fitted from every rank's
     share)."""
     check_cache_setting()
-    registry.architecture(options.architecture.name).check_section(options.architecture.model)
+    architecture = registry.architecture(options.architecture.name)
+    architecture.check_section(options.architecture.model)
+    specs, learns_energy = training_targets(options)
+    if specs and not architecture.learns_other_targets:
+        raise OptionsError(
+            f"architecture {options.architecture.name} cannot learn targets other than the "
+            f"energy yet ({', '.join(spec.name for spec in specs)}); use soap_bpnn"
+        )
     datasets = load_datasets(options, seed)
     logger.info(describe_data(datasets))
     training = datasets.training
@@ -162,6 +201,14 @@ def prepare(
             )
         model = model_from_checkpoint(restart_state, best=False).set_precision(dtype)
     elif pretrained is not None:
+        if [spec.record() for spec in pretrained.target_specs()] != [
+            spec.record() for spec in specs
+        ] or pretrained.learns_energy != learns_energy:
+            raise OptionsError(
+                "fine-tuning to other targets than the pretrained model's is not implemented "
+                f"yet (it has {pretrained.hypers.get('targets', 'energy only')}); give the "
+                "same targets"
+            )
         model = pretrained.set_precision(dtype)
         training_options = options.architecture.training
         logger.info(
@@ -170,10 +217,16 @@ def prepare(
             f"default when unset: {FINETUNE_LEARNING_RATE:g}); its per-element energy "
             "baseline and target scale are kept"
         )
-        refit_undetermined_baseline(model, training, context)
+        if learns_energy:
+            refit_undetermined_baseline(model, training, context)
     else:
-        model = build_model(options, data_facts(options, training, context)).set_precision(dtype)
-        fit_baseline(model, training, options, context)
+        model = build_model(options, data_facts(options, training, context))
+        if specs or not learns_energy:
+            model.attach_targets(specs, learns_energy)
+        model.set_precision(dtype)
+        if learns_energy:
+            fit_baseline(model, training, options, context)
+        fit_target_baselines(model, training, context)
     model.trained_on = describe_training(datasets, starting_point(options))
     plan = batch_plan(training, options.architecture.training, seed, context)
     return Prepared(datasets, model, plan)

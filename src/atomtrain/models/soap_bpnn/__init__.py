@@ -66,4 +66,5 @@ ARCHITECTURE = Architecture(
     extensions=("sphericart",),
     load_extensions=import_sphericart_torch,
     upgrade_hypers=upgrade_hypers,
+    learns_other_targets=True,
 )

@@ -39,11 +39,39 @@ class SoapBpnn(EnergyModel):
         self.soap.to(dtype)
         self.layernorm.to(dtype)
         self.networks.to(dtype)
+        self.heads_to(dtype)
         return self
+
+    @torch.jit.unused
+    def feature_width(self) -> int:
+        return self.soap.n_features
 
     @torch.jit.unused
     def details(self) -> list[str]:
         return [f"{self.soap.n_features} features"]
+
+    def atomic_features(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+    ) -> torch.Tensor:
+        """LayerNorm(SOAP) of each atom: what the energy networks and the heads take."""
+        features = self.soap(
+            edge_vectors.to(self.soap.wavenumbers.dtype),  # the features' dtype
+            pair_first,
+            element_index.index_select(0, pair_second),
+            element_index.shape[0],
+            mirrored,
+        )
+        return self.layernorm(features)
+
+    def energy_from_features(
+        self, features: torch.Tensor, element_index: torch.Tensor
+    ) -> torch.Tensor:
+        return self.networks(features, element_index)
 
     def atomic_outputs(
         self,
@@ -53,11 +81,7 @@ class SoapBpnn(EnergyModel):
         element_index: torch.Tensor,
         mirrored: bool,
     ) -> torch.Tensor:
-        features = self.soap(
-            edge_vectors.to(self.soap.wavenumbers.dtype),  # the features' dtype
-            pair_first,
-            element_index.index_select(0, pair_second),
-            element_index.shape[0],
-            mirrored,
+        features = self.atomic_features(
+            edge_vectors, pair_first, pair_second, element_index, mirrored
         )
-        return self.networks(self.layernorm(features), element_index)
+        return self.energy_from_features(features, element_index)

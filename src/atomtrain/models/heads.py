@@ -1,0 +1,252 @@
+"""Heads for targets other than the energy, on any architecture's invariant per-atom
+features.
+
+A head's network maps an atom's features (and element) to invariant coefficients; the
+atom's equivariant outputs are these coefficients times a basis built from the geometry
+of its neighbors (:class:`NeighborBasis`): vectors ``v_k = sum_j R_k(r_ij, Z_j) r_ij/r_ij``
+and symmetric traceless matrices ``t_k = sum_j R_k(r_ij, Z_j) (r_ij r_ij / r_ij^2 -
+I/3)``. Invariant coefficients times equivariant bases are exactly equivariant, so:
+
+* o3_lambda 0 (scalars, a tensor's trace): the coefficients themselves;
+* o3_lambda 1, proper (a vector): ``sum_k c_k v_k``;
+* o3_lambda 1, pseudo (an axial vector, a tensor's antisymmetric part): ``u_1 x u_2``
+  of two learnt mixtures ``u_a = sum_k c_ak v_k``;
+* o3_lambda 2, proper (a symmetric traceless matrix): ``sum_k c_k t_k``;
+* o3_lambda 2, pseudo: the symmetric traceless part of ``u_1 (u_2 x u_3)^T``.
+
+Spherical components follow metatensor's real spherical harmonics (o3_mu -1, 0, 1 of a
+vector are y, z, x; a matrix's five as metatrain converts them). Per-structure targets
+are sums of atomic contributions (as metatrain's); each head has a scale and, for its
+o3_lambda 0 part, per-element baselines, fitted from the training data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..targets import TargetSpec
+
+RADIAL_FUNCTIONS = 4
+HIDDEN_WIDTH = 64
+
+
+class NeighborBasis(torch.nn.Module):
+    """Each atom's vectors [atoms, K, 3] and symmetric traceless matrices [atoms, K, 3, 3]
+    (K = radial functions x elements), from its neighbor pairs."""
+
+    def __init__(self, n_types: int, cutoff: float, with_matrices: bool):
+        super().__init__()
+        self.n_types = n_types
+        self.cutoff = cutoff
+        self.with_matrices = with_matrices
+        self.channels = RADIAL_FUNCTIONS * n_types
+        self.register_buffer(
+            "frequencies",
+            torch.arange(1, RADIAL_FUNCTIONS + 1, dtype=torch.float64) * math.pi / cutoff,
+        )
+
+
+    def radial(self, distances: torch.Tensor, neighbor_element: torch.Tensor) -> torch.Tensor:
+        """[pairs, K]: smooth radial functions of each pair, in the neighbor's channels."""
+        frequencies = self.frequencies.to(distances.dtype)
+        envelope = 0.5 * (torch.cos(math.pi * distances / self.cutoff) + 1.0)
+        envelope = envelope * (distances < self.cutoff).to(distances.dtype)
+        functions = torch.sin(distances.unsqueeze(1) * frequencies) / distances.unsqueeze(1)
+        functions = functions * envelope.unsqueeze(1)
+        one_hot = torch.nn.functional.one_hot(neighbor_element, self.n_types)
+        return (one_hot.to(distances.dtype).unsqueeze(2) * functions.unsqueeze(1)).reshape(
+            distances.shape[0], -1
+        )
+
+    def forward(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mirrored``: ``edge_vectors`` holds the first half of the pairs, and the second
+        half is the first reversed (each vector negated)."""
+        n_atoms = element_index.shape[0]
+        computed = edge_vectors.shape[0]
+        first = pair_first[:computed]
+        second = pair_second[:computed]
+        distances = torch.linalg.vector_norm(edge_vectors, dim=1)
+        directions = edge_vectors / distances.unsqueeze(1)
+        k = self.channels
+        vectors = torch.zeros((n_atoms, k, 3), dtype=edge_vectors.dtype, device=edge_vectors.device)
+        radial = self.radial(distances, element_index.index_select(0, second))
+        contribution = radial.unsqueeze(2) * directions.unsqueeze(1)
+        vectors = vectors.index_add(0, first, contribution)
+        outer = torch.zeros((0, 3, 3), dtype=edge_vectors.dtype, device=edge_vectors.device)
+        radial_back = radial
+        if mirrored:  # the reversed pairs: j's neighbor i, at -r
+            radial_back = self.radial(distances, element_index.index_select(0, first))
+            vectors = vectors.index_add(
+                0, second, -radial_back.unsqueeze(2) * directions.unsqueeze(1)
+            )
+        matrices = torch.zeros(
+            (n_atoms, 0, 3, 3), dtype=edge_vectors.dtype, device=edge_vectors.device
+        )
+        if self.with_matrices:
+            identity = torch.eye(3, dtype=edge_vectors.dtype, device=edge_vectors.device)
+            outer = directions.unsqueeze(2) * directions.unsqueeze(1) - identity / 3.0
+            matrices = torch.zeros(
+                (n_atoms, k, 3, 3), dtype=edge_vectors.dtype, device=edge_vectors.device
+            )
+            matrices = matrices.index_add(
+                0, first, radial.reshape(-1, k, 1, 1) * outer.unsqueeze(1)
+            )
+            if mirrored:
+                matrices = matrices.index_add(
+                    0, second, radial_back.reshape(-1, k, 1, 1) * outer.unsqueeze(1)
+                )
+        return vectors, matrices
+
+
+def coefficients_of(o3_lambda: int, o3_sigma: int, channels: int) -> int:
+    """Invariant coefficients a block needs per subtarget."""
+    if o3_lambda == 0:
+        return 1
+    mixtures = {(1, 1): 1, (1, -1): 2, (2, 1): 1, (2, -1): 3}[(o3_lambda, o3_sigma)]
+    return mixtures * channels
+
+
+def spherical_from_matrix(matrix: torch.Tensor) -> torch.Tensor:
+    """[..., 3, 3] symmetric traceless -> [..., 5] real spherical components (o3_mu -2..2),
+    as metatrain converts a polarisability."""
+    xx, yy, zz = matrix[..., 0, 0], matrix[..., 1, 1], matrix[..., 2, 2]
+    xy = 0.5 * (matrix[..., 0, 1] + matrix[..., 1, 0])
+    yz = 0.5 * (matrix[..., 1, 2] + matrix[..., 2, 1])
+    xz = 0.5 * (matrix[..., 0, 2] + matrix[..., 2, 0])
+    return torch.stack(
+        [xy, yz, (2.0 * zz - xx - yy) / (2.0 * math.sqrt(3.0)), xz, 0.5 * (xx - yy)], dim=-1
+    )
+
+
+def symmetric_traceless(matrix: torch.Tensor) -> torch.Tensor:
+    symmetric = 0.5 * (matrix + matrix.transpose(-1, -2))
+    trace = torch.diagonal(symmetric, dim1=-2, dim2=-1).sum(-1)
+    identity = torch.eye(3, dtype=matrix.dtype, device=matrix.device)
+    return symmetric - trace[..., None, None] * identity / 3.0
+
+
+def antisymmetric_from(axial: torch.Tensor) -> torch.Tensor:
+    """[..., 3] axial vector p -> [..., 3, 3] matrix A with A_ab = eps_abc p_c."""
+    x, y, z = axial[..., 0], axial[..., 1], axial[..., 2]
+    zero = torch.zeros_like(x)
+    return torch.stack(
+        [
+            torch.stack([zero, z, -y], dim=-1),
+            torch.stack([-z, zero, x], dim=-1),
+            torch.stack([y, -x, zero], dim=-1),
+        ],
+        dim=-2,
+    )
+
+
+class TargetHead(torch.nn.Module):
+    """One mtt:: target's head: per-atom outputs [atoms, width] in the file's layout."""
+
+    def __init__(self, spec: TargetSpec, n_types: int, n_features: int, channels: int):
+        super().__init__()
+        self.kind = spec.kind
+        self.rank = spec.rank
+        self.per_atom = spec.per_atom
+        self.subtargets = spec.num_subtargets
+        self.channels = channels
+        self.blocks = [(irrep.o3_lambda, irrep.o3_sigma) for irrep in spec.blocks()]
+        self.n_types = n_types
+        sizes = [coefficients_of(a, b, channels) * spec.num_subtargets for a, b in self.blocks]
+        self.sizes = sizes
+        self.network = torch.nn.Sequential(
+            torch.nn.Linear(n_features + n_types, HIDDEN_WIDTH),
+            torch.nn.SiLU(),
+            torch.nn.Linear(HIDDEN_WIDTH, HIDDEN_WIDTH),
+            torch.nn.SiLU(),
+            torch.nn.Linear(HIDDEN_WIDTH, sum(sizes)),
+        )
+        # the o3_lambda 0 block's per-element baseline (its position in self.blocks), and
+        # the scale of every output: fitted from the training data
+        self.isotropic = self.blocks.index((0, 1)) if (0, 1) in self.blocks else -1
+        self.register_buffer(
+            "baseline", torch.zeros((n_types, spec.num_subtargets), dtype=torch.float64)
+        )
+        self.register_buffer("scale", torch.ones((), dtype=torch.float64))
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        element_index: torch.Tensor,
+        vectors: torch.Tensor,
+        matrices: torch.Tensor,
+    ) -> torch.Tensor:
+        n_atoms = features.shape[0]
+        one_hot = torch.nn.functional.one_hot(element_index, self.n_types).to(features.dtype)
+        coefficients = self.network(torch.cat([features, one_hot], dim=1)).to(vectors.dtype)
+        s = self.subtargets
+        k = self.channels
+        made: list[torch.Tensor] = []  # each block [atoms, 2 lambda + 1, s]
+        offset = 0
+        for position, (o3_lambda, o3_sigma) in enumerate(self.blocks):
+            size = self.sizes[position]
+            c = coefficients[:, offset : offset + size]
+            offset += size
+            if o3_lambda == 0:
+                block = c.reshape(n_atoms, 1, s) * self.scale.to(c.dtype)
+                if position == self.isotropic:
+                    baseline = self.baseline.index_select(0, element_index).to(c.dtype)
+                    block = block + baseline.reshape(n_atoms, 1, s)
+                made.append(block)
+                continue
+            mixtures = c.reshape(n_atoms, -1, k, s)  # [atoms, mixtures, K, s]
+            if o3_lambda == 1:
+                u = torch.einsum("amks,akx->amxs", mixtures, vectors)  # [atoms, m, 3, s]
+                vector = u[:, 0] if o3_sigma == 1 else torch.cross(u[:, 0], u[:, 1], dim=1)
+                # y, z, x: metatensor's o3_mu -1, 0, 1
+                block = vector.index_select(1, torch.tensor([1, 2, 0], device=vector.device))
+            else:
+                if o3_sigma == 1:
+                    matrix = torch.einsum("aks,akxy->axys", mixtures[:, 0], matrices)
+                else:
+                    u = torch.einsum("amks,akx->amxs", mixtures, vectors)
+                    axial = torch.cross(u[:, 1], u[:, 2], dim=1)
+                    outer = u[:, 0].unsqueeze(2) * axial.unsqueeze(1)  # [atoms, 3, 3, s]
+                    matrix = symmetric_traceless(outer.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+                block = spherical_from_matrix(matrix.permute(0, 3, 1, 2)).permute(0, 2, 1)
+            made.append(block * self.scale.to(block.dtype))
+        return self.layout(made).reshape(n_atoms, -1)
+
+    def layout(self, made: list[torch.Tensor]) -> torch.Tensor:
+        """The blocks as the file lays the target out: [atoms, *components, s]."""
+        if self.kind == "spherical" or self.kind == "scalar":
+            return torch.cat(made, dim=1)
+        if self.rank == 1:  # back from y, z, x to x, y, z
+            return made[0].index_select(1, torch.tensor([2, 0, 1], device=made[0].device))
+        trace, axial, traceless = made[0], made[1], made[2]  # [atoms, 1 | 3 | 5, s]
+        xyz = axial.index_select(1, torch.tensor([2, 0, 1], device=axial.device))
+        antisymmetric = antisymmetric_from(xyz.transpose(1, 2))  # [atoms, s, 3, 3]
+        matrix = matrix_from_spherical(traceless.transpose(1, 2)) + antisymmetric
+        identity = torch.eye(3, dtype=trace.dtype, device=trace.device)
+        matrix = matrix + trace.transpose(1, 2).unsqueeze(-1) * identity
+        return matrix.permute(0, 2, 3, 1)  # [atoms, 3, 3, s]
+
+
+def matrix_from_spherical(components: torch.Tensor) -> torch.Tensor:
+    """[..., 5] -> [..., 3, 3] symmetric traceless: the inverse of spherical_from_matrix."""
+    m2, m1, m0 = components[..., 0], components[..., 1], components[..., 2]
+    p1, p2 = components[..., 3], components[..., 4]
+    zz = 2.0 * m0 / math.sqrt(3.0)
+    xx = p2 - zz / 2.0
+    yy = -p2 - zz / 2.0
+    return torch.stack(
+        [
+            torch.stack([xx, m2, p1], dim=-1),
+            torch.stack([m2, yy, m1], dim=-1),
+            torch.stack([p1, m1, zz], dim=-1),
+        ],
+        dim=-2,
+    )
