@@ -97,10 +97,15 @@ def write_predictions(
     Voigt order, ASE's sign) in the info, ``predicted_forces`` (eV/A) per atom."""
     frames = [atoms for source, structures in files for atoms in frames_of(source, structures)]
     for atoms, predicted in zip(frames, predictions):
-        atoms.info["predicted_energy"] = predicted["energy"]
-        atoms.arrays["predicted_forces"] = predicted["forces"]
+        if "energy" in predicted:
+            atoms.info["predicted_energy"] = predicted["energy"]
+            atoms.arrays["predicted_forces"] = predicted["forces"]
         if "stress" in predicted:
             atoms.info["predicted_stress"] = predicted["stress"].reshape(9)[VOIGT]
+        for name, values in predicted.get("targets", {}).items():
+            # per atom: a row per atom; per structure: the values flat, as in the file
+            where = atoms.arrays if values.ndim == 2 else atoms.info
+            where[f"predicted_{name}"] = values
     atomic_write(
         path,
         lambda stream: ase.io.write(stream, frames, format="extxyz"),
@@ -166,9 +171,11 @@ def predict_all(
     model: torch.nn.Module, structures: FrameSet, batch_size: int, dtype: torch.dtype
 ) -> tuple[list[dict], torch.Tensor]:
     """Predictions for each structure (stress for the periodic ones), and the error sums."""
+    targets = tuple(model.target_names)
+    learns_energy = bool(model.learns_energy)
     periodic = structures.fully_periodic()
-    stress = bool(periodic.any())
-    sums = MetricSums()
+    stress = bool(periodic.any()) and learns_energy
+    sums = MetricSums("cpu", targets)
     busy_cores = BusyCores.for_this_process()
     predictions: list[dict] = []
     indices = list(range(len(structures)))
@@ -177,7 +184,7 @@ def predict_all(
         # Every batch has its own shape: the TorchScript profiling executor's warm-up
         # and re-specialisation cost more than they gain here (measured).
         with torch.jit.optimized_execution(False):
-            predicted = predict(model, batch, True, stress)
+            predicted = predict(model, batch, learns_energy, stress)
         sums.accumulate(predicted, batch)
         decision = busy_cores.poll()
         if decision is not None and decision.message:
@@ -185,12 +192,17 @@ def predict_all(
         offsets = torch.cumsum(batch.n_atoms, 0) - batch.n_atoms
         for position, index in enumerate(chunk):
             start, count = int(offsets[position]), int(batch.n_atoms[position])
-            entry = {
-                "energy": float(predicted["energy"][position].detach()),
-                "forces": predicted["forces"][start : start + count].detach().double().numpy(),
-            }
-            if periodic[index]:
+            entry: dict = {"targets": {}}
+            if learns_energy:
+                entry["energy"] = float(predicted["energy"][position].detach())
+                forces = predicted["forces"][start : start + count]
+                entry["forces"] = forces.detach().double().numpy()
+            if stress and periodic[index]:
                 entry["stress"] = predicted["stress"][position].detach().double().numpy()
+            for name, per_atom in zip(targets, model.per_atom_targets):
+                values = predicted[name].detach().double()
+                rows = values[start : start + count] if per_atom else values[position]
+                entry["targets"][name] = rows.numpy()
             predictions.append(entry)
     return predictions, sums.values
 
@@ -210,15 +222,16 @@ def run(arguments: argparse.Namespace) -> int:
     check_elements(arguments.model, files, [int(z) for z in model.atomic_types])
     structures = [structure for _, part in files for structure in part]
     predictions: list[dict] = []
-    total = MetricSums().values
+    targets = tuple(model.target_names)
+    total = MetricSums("cpu", targets).values
     per_file: dict[str, dict[str, float]] = {}
     for name, (_, part) in zip(file_labels([path for path, _ in files]), files):
         part_predictions, sums = predict_all(model, part, arguments.batch_size, dtype)
         predictions += part_predictions
         total += sums  # error sums add up: the whole set's metrics are exact
-        per_file[f"  {name}"] = finalize(sums)
+        per_file[f"  {name}"] = finalize(sums, targets)
     write_predictions(arguments.output, files, predictions)
-    metrics = finalize(total)
+    metrics = finalize(total, targets)
     if metrics:
         # one file: its own name; several: the description's, with a row per file
         whole = arguments.data.name if len(files) > 1 else Path(files[0][0]).name
@@ -233,7 +246,16 @@ def run(arguments: argparse.Namespace) -> int:
 
 def parity_pairs(structures, predictions) -> dict[str, tuple[list[float], list[float]]]:
     pairs: dict[str, tuple[list[float], list[float]]] = {}
-    if all(structure.energy is not None for structure in structures):
+    for name in dict.fromkeys(n for p in predictions for n in p.get("targets", {})):
+        known = [(s, p) for s, p in zip(structures, predictions) if name in s.targets]
+        if known:
+            pairs[name] = (
+                [v for s, _ in known for v in s.targets[name].reshape(-1).tolist()],
+                [v for _, p in known for v in p["targets"][name].reshape(-1).tolist()],
+            )
+    if all(structure.energy is not None for structure in structures) and all(
+        "energy" in p for p in predictions
+    ):
         pairs["energy per atom (eV)"] = (
             [s.energy / s.n_atoms for s in structures],
             [p["energy"] / s.n_atoms for s, p in zip(structures, predictions)],

@@ -60,7 +60,7 @@ def atomistic_model(model: EnergyModel):
         outputs[spec.name] = ModelOutput(
             quantity="",
             unit=spec.unit,
-            sample_kind="atom" if spec.per_atom else "system",
+            sample_kind="atom",  # per-structure targets: per atom on request
             description=spec.description or spec.quantity or spec.name,
         )
     capabilities = ModelCapabilities(

@@ -169,6 +169,10 @@ class TargetHead(torch.nn.Module):
             torch.nn.SiLU(),
             torch.nn.Linear(HIDDEN_WIDTH, sum(sizes)),
         )
+        # starts at the baseline: an untrained head adds nothing (noise of the target's
+        # scale otherwise, which on QM7-X took more epochs to unlearn than to learn)
+        torch.nn.init.zeros_(self.network[-1].weight)
+        torch.nn.init.zeros_(self.network[-1].bias)
         # the o3_lambda 0 block's per-element baseline (its position in self.blocks), and
         # the scale of every output: fitted from the training data
         self.isotropic = self.blocks.index((0, 1)) if (0, 1) in self.blocks else -1

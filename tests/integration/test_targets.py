@@ -1,0 +1,291 @@
+"""Targets other than the energy, end to end: metatrain's own options files train
+unchanged (QM7-X polarisability, Cartesian and spherical), the exported model gives
+training's predictions in a process that never imports atomtrain, two processes and a
+mid-epoch resume give the one-process model, and bad targets get one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import ase.io
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import RESOURCES
+from helpers import environment, run_directories, write_options
+from test_faults import final_state, options_in, stop_then_resume_with_two, train_command
+
+from atomtrain.cli.main import main
+from atomtrain.data.extxyz import TargetKeys, read_structures
+from atomtrain.training.checkpoint import load_checkpoint, model_from_checkpoint
+from atomtrain.training.evaluation import predict
+
+PYTHON = sys.executable
+QM7X = RESOURCES / "qm7x_reduced_100.xyz"
+QM9 = RESOURCES / "qm9_reduced_100.xyz"
+
+POLARISABILITY = {
+    "key": "polarizability",
+    "quantity": "polarizability",
+    "unit": "bohr^3",
+    "per_atom": False,
+    "type": {"cartesian": {"rank": 2}},
+}
+
+
+def train(directory, options, *extra):
+    result = subprocess.run(
+        [PYTHON, "-m", "atomtrain", "train", str(options), *map(str, extra)],
+        cwd=directory,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return result
+
+
+def metatrain_options(directory, data, targets, **changes):
+    """An options file as metatrain users write it: targets beside each other under
+    the data set's targets, with atomtrain's small test model."""
+    changes = {"architecture__training__num_epochs": 2, **changes}
+    options = write_options(directory, data, **changes)
+    content = yaml.safe_load(options.read_text())
+    content["training_set"] = {
+        "systems": {"read_from": str(data), "length_unit": "angstrom"},
+        "targets": targets,
+    }
+    options.write_text(yaml.safe_dump(content))
+    return options
+
+
+@pytest.fixture(scope="module")
+def polarisability_run(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("polarisability")
+    options = metatrain_options(directory, QM7X, {"mtt::polarizability": POLARISABILITY})
+    result = train(directory, options, "-o", directory / "model.pt")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_directories(directory / "outputs")
+    return directory, run
+
+
+EXPORTED = """
+import json, sys
+import ase.io
+from metatomic.torch import ModelOutput
+from metatomic_ase import MetatomicCalculator
+
+frames = ase.io.read(sys.argv[1], ":4")
+calculator = MetatomicCalculator(sys.argv[2], extensions_directory=sys.argv[3])
+found = {"atomtrain imported": "atomtrain" in sys.modules}
+for per_atom in (False, True):
+    maps = calculator.run_model(frames, {sys.argv[4]: ModelOutput(per_atom=per_atom)})
+    block = maps[sys.argv[4]].block()
+    found[str(per_atom)] = {
+        "values": block.values.detach().tolist(),
+        "samples": block.samples.values.tolist(),
+        "components": [c.names for c in block.components],
+    }
+found["outputs"] = sorted(calculator._model.capabilities().outputs)
+print(json.dumps(found))
+"""
+
+
+def run_exported(model, data, name):
+    result = subprocess.run(
+        [PYTHON, "-c", EXPORTED, str(data), str(model), str(model.parent / "extensions"), name],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def training_predictions(checkpoint, data, keys, count=4):
+    model = model_from_checkpoint(load_checkpoint(checkpoint), best=True)
+    structures = read_structures(data, keys)
+    batch = structures.batch(list(range(count)), model.cutoff).to("cpu", torch.float64)
+    return {name: value.detach() for name, value in predict(model, batch, False, False).items()}
+
+
+def test_metatrain_polarisability_options_train_and_the_export_gives_training_values(
+    polarisability_run,
+):
+    directory, run = polarisability_run
+    log = (run / "train.log").read_text()
+    assert "targets: no energy, mtt::polarizability" in log
+    columns = (run / "train.csv").read_text().splitlines()[0]
+    assert "validation_mtt::polarizability_rmse" in columns
+    found = run_exported(directory / "model.pt", QM7X, "mtt::polarizability")
+    assert not found["atomtrain imported"]
+    assert found["outputs"] == ["mtt::polarizability"]  # no energy was learnt
+    assert found["False"]["components"] == [["xyz_1"], ["xyz_2"]]
+    exported = torch.tensor(found["False"]["values"], dtype=torch.float64).reshape(4, 9)
+    keys = TargetKeys(read_energy=False, require_energy=False)
+    expected = training_predictions(run / "best.ckpt", QM7X, keys)["mtt::polarizability"]
+    assert torch.allclose(exported, expected, rtol=1e-10, atol=1e-10)
+    # per atom on request: the atomic contributions, which sum to each structure's value
+    per_atom = torch.tensor(found["True"]["values"], dtype=torch.float64).reshape(-1, 9)
+    systems = torch.tensor(found["True"]["samples"])[:, 0]
+    summed = torch.zeros(4, 9, dtype=torch.float64).index_add(0, systems, per_atom)
+    assert torch.allclose(summed, exported, rtol=1e-10, atol=1e-10)
+
+
+def test_eval_writes_a_prediction_for_every_target(polarisability_run, tmp_path, capsys):
+    directory, run = polarisability_run
+    description = tmp_path / "eval.yaml"
+    description.write_text(
+        yaml.safe_dump(
+            {"systems": str(QM7X), "targets": {"mtt::polarizability": POLARISABILITY}}
+        )
+    )
+    predictions = tmp_path / "predictions.xyz"
+    assert main(["eval", str(directory / "model.pt"), str(description), "-o", str(predictions)]) == 0
+    frames = ase.io.read(predictions, ":")
+    reference = ase.io.read(QM7X, ":")
+    predicted = np.stack([atoms.info["predicted_mtt::polarizability"] for atoms in frames])
+    truth = np.stack([atoms.info["polarizability"] for atoms in reference]).reshape(-1, 9)
+    assert predicted.shape == truth.shape
+    rmse = np.sqrt(np.mean((predicted - truth) ** 2))
+    mae = np.mean(np.abs(predicted - truth))
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "qm7x_reduced" in line]
+    assert [float(cell) for cell in row.split()[1:]] == pytest.approx([rmse, mae], abs=1e-4)
+    assert predictions.with_suffix(".png").is_file()
+
+
+def l2_components(matrix):
+    """metatrain's conversion of a polarisability to its o3_lambda 2 components."""
+    a = np.asarray(matrix).reshape(3, 3)
+    return np.array(
+        [
+            (a[0, 1] + a[1, 0]) / 2,
+            (a[1, 2] + a[2, 1]) / 2,
+            (2 * a[2, 2] - a[0, 0] - a[1, 1]) / (2 * np.sqrt(3)),
+            (a[0, 2] + a[2, 0]) / 2,
+            (a[0, 0] - a[1, 1]) / 2,
+        ]
+    )
+
+
+def test_metatrain_spherical_options_train(tmp_path):
+    frames = ase.io.read(QM7X, ":")
+    for atoms in frames:
+        atoms.info["polarizability_l2"] = l2_components(atoms.info["polarizability"])
+    data = tmp_path / "spherical.xyz"
+    ase.io.write(data, frames, format="extxyz")
+    spherical = {
+        "key": "polarizability_l2",
+        "type": {"spherical": {"irreps": [{"o3_lambda": 2, "o3_sigma": 1}]}},
+    }
+    options = metatrain_options(
+        tmp_path, data, {"mtt::polarizability_l2": spherical}, architecture__training__num_epochs=4
+    )
+    result = train(tmp_path, options, "-o", tmp_path / "model.pt")
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = run_exported(tmp_path / "model.pt", data, "mtt::polarizability_l2")
+    assert found["False"]["components"] == [["o3_mu"]]
+    values = np.array(found["False"]["values"])
+    assert values.shape == (4, 5, 1)
+    (run,) = run_directories(tmp_path / "outputs")
+    rows = (run / "train.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    column = header.index("train_mtt::polarizability_l2_rmse")
+    first, last = float(rows[1].split(",")[column]), float(rows[-1].split(",")[column])
+    assert last < first
+
+
+def mixed_data(directory):
+    """40 QM9 molecules with energies (U0, hartree), the HOMO-LUMO gap (a scalar per
+    structure) and a per-atom vector (each atom's offset from the centroid)."""
+    frames = ase.io.read(QM9, ":40")
+    for atoms in frames:
+        atoms.arrays["offset"] = atoms.positions - atoms.positions.mean(0)
+    path = directory / "qm9_targets.xyz"
+    ase.io.write(path, frames, format="extxyz")
+    return path
+
+
+MIXED_TARGETS = {
+    "energy": {"key": "U0", "unit": "hartree"},
+    "mtt::gap": {"key": "epsgap", "unit": "hartree"},
+    "mtt::offset": {"key": "offset", "per_atom": True, "type": {"cartesian": {"rank": 1}}},
+}
+
+
+def mixed_options(directory, **changes):
+    options = options_in(directory, mixed_data(directory), **changes)
+    content = yaml.safe_load(options.read_text())
+    content["training_set"]["targets"] = MIXED_TARGETS
+    options.write_text(yaml.safe_dump(content))
+    return options
+
+
+def test_two_processes_and_a_mid_epoch_resume_give_the_one_process_model(tmp_path):
+    """Energy, a scalar and a per-atom vector together: SIGTERM a one-process run after
+    its second epoch and resume it with two processes; the final model is the
+    uninterrupted one-process run's."""
+    reference_dir = tmp_path / "reference"
+    reference_dir.mkdir()
+    options = mixed_options(reference_dir)
+    result = subprocess.run(
+        train_command(options, reference_dir / "run"),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    reference = final_state(reference_dir / "run")
+    assert any(name.startswith("heads.1.") for name in reference)
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    options = mixed_options(resumed_dir)
+    stop_then_resume_with_two(options, resumed_dir / "run", 12)
+    actual = final_state(resumed_dir / "run")
+    for name, value in reference.items():
+        if value.is_floating_point():
+            difference = (actual[name] - value).abs().max()
+            assert difference <= 1e-8 * value.abs().max().clamp_min(1e-12), name
+    log = (resumed_dir / "run" / "train.log").read_text()
+    assert "mtt::gap RMSE" in log and "mtt::offset RMSE" in log
+
+
+def one_line_error(result, *parts):
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for part in parts:
+        assert part in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "target, parts",
+    [
+        ({"type": "vector"}, ["unknown target type 'vector'", "mtt::polarizability.type"]),
+        (
+            {"type": {"spherical": {"irreps": [{"o3_lambda": 3, "o3_sigma": 1}]}}},
+            ["o3_lambda 3", "up to 2"],
+        ),
+        (
+            {"key": "polarizability", "type": {"cartesian": {"rank": 1}}},
+            ["frame 0", "has shape (9,), expected (3, 1)"],
+        ),
+        ({"key": "alpha"}, ["frame 0: no 'alpha'", "keys present: polarizability"]),
+    ],
+)
+def test_bad_targets_get_one_line(tmp_path, target, parts):
+    options = metatrain_options(tmp_path, QM7X, {"mtt::polarizability": target})
+    one_line_error(train(tmp_path, options, "--check"), *parts)
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").glob("*/*"))
+
+
+def test_an_architecture_without_heads_is_named(tmp_path):
+    options = metatrain_options(tmp_path, QM7X, {"mtt::polarizability": POLARISABILITY})
+    content = yaml.safe_load(options.read_text())
+    content["architecture"] = {"name": "mace"}
+    options.write_text(yaml.safe_dump(content))
+    one_line_error(train(tmp_path, options, "--check"), "architecture mace", "mtt::polarizability")

@@ -1,0 +1,247 @@
+"""Targets other than the energy: each type's heads are exactly as equivariant as the
+type says, the spherical components follow real spherical harmonics, the data readers
+name what is wrong, and the loss weighs each target as asked."""
+
+from __future__ import annotations
+
+import ase
+import ase.io
+import numpy as np
+import pytest
+import torch
+from conftest import RESOURCES
+from helpers import small_model
+from scipy.spatial.transform import Rotation
+
+from atomtrain.data import collate
+from atomtrain.data.extxyz import TargetKeys, read_structures
+from atomtrain.data.system import Structure
+from atomtrain.errors import DataError
+from atomtrain.models.heads import matrix_from_spherical, spherical_from_matrix
+from atomtrain.options import LossOptions
+from atomtrain.targets import Irrep, TargetSpec
+from atomtrain.training.evaluation import predict
+from atomtrain.training.losses import GlobalCounts, batch_loss
+
+SPECS = [
+    TargetSpec("mtt::scalar", "s", "scalar", num_subtargets=2),
+    TargetSpec("mtt::vector", "v", "cartesian", rank=1),
+    TargetSpec("mtt::matrix", "t", "cartesian", rank=2, num_subtargets=2),
+    TargetSpec(
+        "mtt::spherical",
+        "x",
+        "spherical",
+        irreps=(Irrep(0, 1), Irrep(1, 1), Irrep(1, -1), Irrep(2, 1), Irrep(2, -1)),
+    ),
+    TargetSpec("mtt::charges", "q", "scalar", per_atom=True),
+    TargetSpec("mtt::atomic_vector", "w", "cartesian", rank=1, per_atom=True),
+]
+
+
+def model_with_heads(seed=0):
+    model = small_model([1, 6, 8], seed=seed)
+    model.attach_targets(SPECS)
+    generator = torch.Generator().manual_seed(seed)
+    for head in model.heads:  # non-trivial baselines and scales, exercised too
+        head.baseline.copy_(torch.randn(head.baseline.shape, generator=generator))
+        head.scale.fill_(1.7)
+    return model
+
+
+def molecule(positions):
+    numbers = torch.tensor([6, 6, 8, 1, 1, 1, 1, 1, 1])
+    return Structure(
+        torch.as_tensor(positions), numbers, torch.zeros(3, 3), torch.zeros(3, dtype=bool)
+    )
+
+
+def outputs(model, positions):
+    batch = collate([molecule(positions)], model.cutoff).to("cpu", torch.float64)
+    return {k: v.detach().numpy() for k, v in predict(model, batch, True, False).items()}
+
+
+def rotate(spec: TargetSpec, values: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """What ``values`` [samples, width] become under the orthogonal ``matrix``, as the
+    target's type says (pseudotensors pick up the determinant)."""
+    determinant = np.linalg.det(matrix)
+    rows = values.shape[0]
+    if spec.kind == "scalar":
+        return values
+    if spec.kind == "cartesian" and spec.rank == 1:
+        return (values.reshape(rows, 3, -1).transpose(0, 2, 1) @ matrix.T).transpose(0, 2, 1)
+    if spec.kind == "cartesian":
+        tensor = values.reshape(rows, 3, 3, -1)
+        return np.einsum("ab,rbcs,dc->rads", matrix, tensor, matrix)
+    result, start = [], 0
+    for irrep in spec.irreps:
+        block = values[:, start : start + irrep.size]
+        start += irrep.size
+        sign = determinant if irrep.o3_sigma == -1 else 1.0
+        if irrep.o3_lambda == 0:
+            result.append(sign * block)
+        elif irrep.o3_lambda == 1:  # y, z, x
+            xyz = block[:, [2, 0, 1]] @ matrix.T
+            result.append(sign * xyz[:, [1, 2, 0]])
+        else:
+            cartesian = matrix_from_spherical(torch.from_numpy(block)).numpy()
+            turned = np.einsum("ab,rbc,dc->rad", matrix, cartesian, matrix)
+            result.append(sign * spherical_from_matrix(torch.from_numpy(turned)).numpy())
+    return np.concatenate(result, axis=1)
+
+
+@pytest.mark.parametrize("transform", ["rotation", "inversion", "improper rotation"])
+def test_every_target_type_is_exactly_as_equivariant_as_its_type(transform):
+    model = model_with_heads()
+    rotation = Rotation.random(random_state=3).as_matrix()
+    matrix = {"rotation": rotation, "inversion": -np.eye(3), "improper rotation": -rotation}[
+        transform
+    ]
+    positions = np.random.default_rng(1).normal(size=(9, 3)) * 1.2
+    before, after = outputs(model, positions), outputs(model, positions @ matrix.T)
+    for spec in SPECS:
+        values = before[spec.name].reshape(before[spec.name].shape[0], -1)
+        expected = rotate(spec, values, matrix).reshape(after[spec.name].shape)
+        scale = np.abs(values).max()
+        assert scale > 1e-3, spec.name  # the check is not about zeros
+        assert np.abs(after[spec.name] - expected).max() <= 1e-10 * scale, spec.name
+
+
+def test_a_pseudotensor_is_not_a_tensor():
+    """The check above can fail: the pseudovector treated as a vector does, under
+    inversion."""
+    model = model_with_heads()
+    positions = np.random.default_rng(1).normal(size=(9, 3)) * 1.2
+    before, after = outputs(model, positions), outputs(model, -positions)
+    pseudo = before["mtt::spherical"][:, 4:7]
+    assert np.abs(after["mtt::spherical"][:, 4:7] - (-pseudo)).max() > 1e-3
+
+
+def test_spherical_components_are_real_spherical_harmonics():
+    """o3_mu of a vector are (y, z, x); the five of a matrix are proportional to the
+    real spherical harmonics of order 2 (sphericart's, metatensor's convention)."""
+    import sphericart.torch
+
+    directions = torch.nn.functional.normalize(torch.randn(20, 3, dtype=torch.float64), dim=1)
+    harmonics = sphericart.torch.SphericalHarmonics(2)(directions)  # [20, 9]
+    identity = torch.eye(3, dtype=torch.float64)
+    outer = directions[:, :, None] * directions[:, None, :] - identity / 3
+    components = spherical_from_matrix(outer)
+    ratio = components / harmonics[:, 4:9]
+    assert torch.allclose(ratio, ratio[0, 0].expand_as(ratio), rtol=1e-10)
+    vector_ratio = directions[:, [1, 2, 0]] / harmonics[:, 1:4]
+    assert torch.allclose(vector_ratio, vector_ratio[0, 0].expand_as(vector_ratio), rtol=1e-10)
+    back = matrix_from_spherical(components)
+    assert torch.allclose(back, outer, atol=1e-12)
+
+
+def test_per_structure_targets_sum_the_per_atom_contributions():
+    model = model_with_heads()
+    positions = np.random.default_rng(2).normal(size=(9, 3)) * 1.2
+    batch = collate([molecule(positions), molecule(positions * 1.1)], model.cutoff)
+    batch = batch.to("cpu", torch.float64)
+    edge_vectors, half = model.edge_geometry(
+        batch.positions,
+        batch.cell,
+        batch.system_index,
+        batch.pair_first,
+        batch.pair_second,
+        batch.cell_shifts,
+    )
+    atomic = model.atomic_predictions(
+        edge_vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
+    )
+    totals = predict(model, batch, False, False)
+    for spec in SPECS:
+        if spec.per_atom:
+            assert torch.equal(totals[spec.name], atomic[spec.name])
+            continue
+        summed = torch.stack([atomic[spec.name][:9].sum(0), atomic[spec.name][9:].sum(0)])
+        assert torch.allclose(totals[spec.name], summed, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(totals["energy"][0], atomic["energy"][:9].sum(), rtol=1e-12)
+
+
+def write_frames(path, frames):
+    ase.io.write(path, frames, format="extxyz")
+    return path
+
+
+def qm7x_frames(count=3):
+    return ase.io.read(RESOURCES / "qm7x_reduced_100.xyz", f":{count}")
+
+
+def polarisability_keys(**changes) -> TargetKeys:
+    spec = TargetSpec("mtt::polarizability", "polarizability", "cartesian", rank=2, **changes)
+    return TargetKeys(read_energy=False, require_energy=False, others=(spec,))
+
+
+def test_a_rank_2_target_is_read_row_major():
+    structures = read_structures(RESOURCES / "qm7x_reduced_100.xyz", polarisability_keys())
+    reference = qm7x_frames(1)[0].info["polarizability"]
+    values = structures[0].targets["mtt::polarizability"].numpy()
+    assert np.array_equal(values, np.asarray(reference).reshape(9))
+    assert structures[0].energy is None
+
+
+def test_a_frame_without_the_key_is_named(tmp_path):
+    frames = qm7x_frames()
+    del frames[2].info["polarizability"]
+    path = write_frames(tmp_path / "data.xyz", frames)
+    with pytest.raises(DataError) as error:
+        read_structures(path, polarisability_keys())
+    message = str(error.value)
+    assert f"{path}, frame 2: no 'polarizability'" in message
+    assert "mtt::polarizability" in message and "\n" not in message
+
+
+def test_a_target_of_the_wrong_shape_names_both_shapes(tmp_path):
+    frames = qm7x_frames()
+    frames[1].info["polarizability"] = np.arange(6.0)
+    path = write_frames(tmp_path / "data.xyz", frames)
+    with pytest.raises(DataError) as error:
+        read_structures(path, polarisability_keys())
+    message = str(error.value)
+    assert f"{path}, frame 1:" in message
+    assert "has shape (6,), expected (3, 3, 1)" in message
+
+
+def test_a_per_atom_target_is_read_from_the_arrays(tmp_path):
+    frames = qm7x_frames()
+    for atoms in frames:
+        atoms.arrays["charges"] = np.linspace(-1, 1, len(atoms))
+    path = write_frames(tmp_path / "data.xyz", frames)
+    spec = TargetSpec("mtt::charges", "charges", "scalar", per_atom=True)
+    keys = TargetKeys(read_energy=False, require_energy=False, others=(spec,))
+    structures = read_structures(path, keys)
+    batch = structures.batch([0, 1], 5.0)
+    assert batch.targets["mtt::charges"].shape == (len(frames[0]) + len(frames[1]), 1)
+
+
+def test_a_target_weight_changes_the_loss():
+    """MACE #1335: a weight silently ignored. Here each weight scales its own term."""
+    model = model_with_heads()
+    positions = np.random.default_rng(4).normal(size=(9, 3)) * 1.2
+    batch = collate([molecule(positions)], model.cutoff).to("cpu", torch.float64)
+    predictions = predict(model, batch, False, False)
+    batch.energy = None
+    batch.targets = {"mtt::vector": torch.zeros(1, 3, dtype=torch.float64)}
+    counts = GlobalCounts(1, 0, 0, {"mtt::vector": 3})
+    once = batch_loss(predictions, batch, LossOptions(), counts)
+    expected = (predictions["mtt::vector"] ** 2).sum() / 3
+    assert torch.allclose(once, expected)
+    weighted = LossOptions.model_validate({"weights": {"mtt::vector": 2.5}})
+    assert torch.allclose(batch_loss(predictions, batch, weighted, counts), 2.5 * once)
+    off = LossOptions.model_validate({"target_weights": {"mtt::vector": 0.0}})
+    assert float(batch_loss(predictions, batch, off, counts).detach()) == 0.0
+
+
+def test_unknown_samples_add_nothing():
+    model = model_with_heads()
+    positions = np.random.default_rng(5).normal(size=(9, 3)) * 1.2
+    batch = collate([molecule(positions)] * 2, model.cutoff).to("cpu", torch.float64)
+    predictions = predict(model, batch, False, False)
+    batch.energy = None
+    batch.targets = {"mtt::vector": torch.zeros(2, 3, dtype=torch.float64)}
+    batch.target_masks = {"mtt::vector": torch.tensor([True, False])}
+    counts = GlobalCounts(2, 0, 0, {"mtt::vector": 3})
+    loss = batch_loss(predictions, batch, LossOptions(), counts)
+    assert torch.allclose(loss, (predictions["mtt::vector"][0] ** 2).sum() / 3)
