@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import RESOURCES
-from helpers import environment, run_directories, write_options
-from test_faults import final_state, options_in, stop_then_resume_with_two, train_command
 
 from atomtrain.cli.main import main
 from atomtrain.data.extxyz import TargetKeys, read_structures
 from atomtrain.training.checkpoint import load_checkpoint, model_from_checkpoint
 from atomtrain.training.evaluation import predict
+
+from conftest import RESOURCES
+from helpers import environment, run_directories, write_options
+from test_faults import final_state, options_in, stop_then_resume_with_two, train_command
 
 PYTHON = sys.executable
 QM7X = RESOURCES / "qm7x_reduced_100.xyz"
@@ -139,12 +140,12 @@ def test_eval_writes_a_prediction_for_every_target(polarisability_run, tmp_path,
     directory, run = polarisability_run
     description = tmp_path / "eval.yaml"
     description.write_text(
-        yaml.safe_dump(
-            {"systems": str(QM7X), "targets": {"mtt::polarizability": POLARISABILITY}}
-        )
+        yaml.safe_dump({"systems": str(QM7X), "targets": {"mtt::polarizability": POLARISABILITY}})
     )
     predictions = tmp_path / "predictions.xyz"
-    assert main(["eval", str(directory / "model.pt"), str(description), "-o", str(predictions)]) == 0
+    assert (
+        main(["eval", str(directory / "model.pt"), str(description), "-o", str(predictions)]) == 0
+    )
     frames = ase.io.read(predictions, ":")
     reference = ase.io.read(QM7X, ":")
     predicted = np.stack([atoms.info["predicted_mtt::polarizability"] for atoms in frames])

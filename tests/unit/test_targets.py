@@ -9,8 +9,6 @@ import ase.io
 import numpy as np
 import pytest
 import torch
-from conftest import RESOURCES
-from helpers import small_model
 from scipy.spatial.transform import Rotation
 
 from atomtrain.data import collate
@@ -22,6 +20,9 @@ from atomtrain.options import LossOptions
 from atomtrain.targets import Irrep, TargetSpec
 from atomtrain.training.evaluation import predict
 from atomtrain.training.losses import GlobalCounts, batch_loss
+
+from conftest import RESOURCES
+from helpers import small_model
 
 SPECS = [
     TargetSpec("mtt::scalar", "s", "scalar", num_subtargets=2),

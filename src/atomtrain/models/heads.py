@@ -47,7 +47,6 @@ class NeighborBasis(torch.nn.Module):
             torch.arange(1, RADIAL_FUNCTIONS + 1, dtype=torch.float64) * math.pi / cutoff,
         )
 
-
     def radial(self, distances: torch.Tensor, neighbor_element: torch.Tensor) -> torch.Tensor:
         """[pairs, K]: smooth radial functions of each pair, in the neighbor's channels."""
         frequencies = self.frequencies.to(distances.dtype)
