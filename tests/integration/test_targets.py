@@ -63,10 +63,22 @@ def metatrain_options(directory, data, targets, **changes):
     return options
 
 
-@pytest.fixture(scope="module")
-def polarisability_run(tmp_path_factory):
+SMALL_MACE = {
+    "name": "mace",
+    "model": {"hidden_irreps": "8x0e + 8x1o", "num_interactions": 2, "r_max": 4.0, "max_ell": 2},
+    "training": {"batch_size": 10, "num_epochs": 2},
+}
+
+
+@pytest.fixture(scope="module", params=["soap_bpnn", "mace"])
+def polarisability_run(tmp_path_factory, request):
     directory = tmp_path_factory.mktemp("polarisability")
     options = metatrain_options(directory, QM7X, {"mtt::polarizability": POLARISABILITY})
+    if request.param == "mace":
+        pytest.importorskip("mace")
+        content = yaml.safe_load(options.read_text())
+        content["architecture"] = SMALL_MACE
+        options.write_text(yaml.safe_dump(content))
     result = train(directory, options, "-o", directory / "model.pt")
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = run_directories(directory / "outputs")

@@ -15,6 +15,7 @@ from atomtrain.data import collate
 from atomtrain.data.extxyz import TargetKeys, read_structures
 from atomtrain.data.system import Structure
 from atomtrain.errors import DataError
+from atomtrain.models import registry
 from atomtrain.models.heads import matrix_from_spherical, spherical_from_matrix
 from atomtrain.options import LossOptions
 from atomtrain.targets import Irrep, TargetSpec
@@ -39,11 +40,20 @@ SPECS = [
 ]
 
 
-def model_with_heads(seed=0):
-    model = small_model([1, 6, 8], seed=seed)
+def model_with_heads(architecture="soap_bpnn", seed=0):
+    if architecture == "soap_bpnn":
+        model = small_model([1, 6, 8], seed=seed)
+    else:
+        pytest.importorskip("mace")
+        torch.manual_seed(seed)
+        model = registry.new_model(
+            "mace", [1, 6, 8], hidden_irreps="8x0e + 8x1o", num_interactions=2, r_max=4.0
+        ).set_precision(torch.float64)
     model.attach_targets(SPECS)
     generator = torch.Generator().manual_seed(seed)
-    for head in model.heads:  # non-trivial baselines and scales, exercised too
+    for head in model.heads:  # non-trivial outputs, baselines and scales
+        last = head.network[-1].weight
+        last.data.copy_(torch.randn(last.shape, generator=generator, dtype=last.dtype))
         head.baseline.copy_(torch.randn(head.baseline.shape, generator=generator))
         head.scale.fill_(1.7)
     return model
@@ -90,9 +100,10 @@ def rotate(spec: TargetSpec, values: np.ndarray, matrix: np.ndarray) -> np.ndarr
     return np.concatenate(result, axis=1)
 
 
+@pytest.mark.parametrize("architecture", ["soap_bpnn", "mace"])
 @pytest.mark.parametrize("transform", ["rotation", "inversion", "improper rotation"])
-def test_every_target_type_is_exactly_as_equivariant_as_its_type(transform):
-    model = model_with_heads()
+def test_every_target_type_is_exactly_as_equivariant_as_its_type(transform, architecture):
+    model = model_with_heads(architecture)
     rotation = Rotation.random(random_state=3).as_matrix()
     matrix = {"rotation": rotation, "inversion": -np.eye(3), "improper rotation": -rotation}[
         transform
@@ -105,6 +116,7 @@ def test_every_target_type_is_exactly_as_equivariant_as_its_type(transform):
         scale = np.abs(values).max()
         assert scale > 1e-3, spec.name  # the check is not about zeros
         assert np.abs(after[spec.name] - expected).max() <= 1e-10 * scale, spec.name
+    assert np.abs(after["energy"] - before["energy"]).max() <= 1e-10 * np.abs(before["energy"])
 
 
 def test_a_pseudotensor_is_not_a_tensor():

@@ -127,6 +127,25 @@ class EnergyModel(torch.nn.Module):
         """The architecture's unscaled energy of each atom from its features."""
         raise NotImplementedError
 
+    def features_and_energies(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+        with_energies: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each atom's features and, when asked, its unscaled energy, from one pass (an
+        architecture whose energy is not a function of its features alone overrides
+        this)."""
+        features = self.atomic_features(
+            edge_vectors, pair_first, pair_second, element_index, mirrored
+        )
+        if not with_energies:
+            return features, None
+        return features, self.energy_from_features(features, element_index)
+
     def set_precision(self, dtype: torch.dtype) -> EnergyModel:
         """The architecture's parameters in ``dtype``; the energy baseline and the sum of
         atomic energies stay in float64, since total energies can be large (-20000 eV)."""
@@ -207,12 +226,12 @@ class EnergyModel(torch.nn.Module):
         """Every target of each atom from one pass of the features: "energy" [n_atoms]
         in float64 (when the model learns one) and each mtt:: target [n_atoms, width]."""
         element_index = self.type_to_index.index_select(0, atomic_numbers)
-        features = self.atomic_features(
-            edge_vectors, pair_first, pair_second, element_index, mirrored
+        features, energies = self.features_and_energies(
+            edge_vectors, pair_first, pair_second, element_index, mirrored, self.learns_energy
         )
         results: dict[str, torch.Tensor] = {}
-        if self.learns_energy:
-            atomic = self.energy_from_features(features, element_index).to(torch.float64)
+        if energies is not None:
+            atomic = energies.to(torch.float64)
             results["energy"] = atomic * self.scale + self.baseline.index_select(0, element_index)
         vectors, matrices = self.basis(
             edge_vectors.to(features.dtype), pair_first, pair_second, element_index, mirrored

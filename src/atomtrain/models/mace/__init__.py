@@ -87,6 +87,7 @@ ARCHITECTURE = Architecture(
     check_section=check_section,
     scale_from_forces=True,
     start_file_key="mace_model",
+    learns_other_targets=True,
     read_file=read_file,
     # metatrain's experimental.mace defaults, which are mace_run_train's (but its
     # gradient clipping at 10)

@@ -58,6 +58,20 @@ def new_mace(options: ModelOptions, atomic_types: list[int], average_neighbors: 
     ).to(torch.float64)
 
 
+def scalar_channels(mace: torch.nn.Module) -> torch.Tensor:
+    """Positions of the 0e channels in MACE's node_feats (every product's output,
+    concatenated)."""
+    positions: list[int] = []
+    offset = 0
+    for product in mace.products:
+        irreps = product.linear.irreps_out
+        for (multiplicity, irrep), part in zip(irreps, irreps.slices()):
+            if irrep.l == 0 and irrep.p == 1:
+                positions += range(offset + part.start, offset + part.start + multiplicity)
+        offset += irreps.dim
+    return torch.tensor(positions, dtype=torch.long)
+
+
 class E3nnTwin:
     """The e3nn-layout ScaleShiftMACE beside one that trains on cuequivariance's kernels:
     not a submodule, so that parameters(), to() and the optimizer see only the one that
@@ -93,10 +107,14 @@ class MaceModel(EnergyModel):
             warnings.filterwarnings("ignore", "The TorchScript type system", UserWarning)
             self.mace = new_mace(options, self.atomic_types, float(average_neighbors), extra)
         self.e3nn_twin: E3nnTwin | None = None  # set while on cuequivariance's kernels
+        # where the invariant (0e) channels of each interaction's node features sit in
+        # MACE's node_feats: the features heads for mtt:: targets take
+        self.register_buffer("scalar_features", scalar_channels(self.mace), persistent=False)
         # a model read from a file keeps its E0s inside MACE; the baseline stays zero
 
     def set_precision(self, dtype: torch.dtype) -> MaceModel:
         self.mace.to(dtype)
+        self.heads_to(dtype)
         if self.e3nn_twin is not None:
             self.e3nn_twin.module.to(dtype)
         return self
@@ -161,6 +179,10 @@ class MaceModel(EnergyModel):
             *([cuequivariance.description()] if self.e3nn_twin is not None else []),
         ]
 
+    @torch.jit.unused
+    def feature_width(self) -> int:
+        return int(self.scalar_features.shape[0])
+
     def atomic_outputs(
         self,
         edge_vectors: torch.Tensor,
@@ -169,6 +191,39 @@ class MaceModel(EnergyModel):
         element_index: torch.Tensor,
         mirrored: bool,
     ) -> torch.Tensor:
+        outputs = self.run_mace(edge_vectors, pair_first, pair_second, element_index, mirrored)
+        energies = outputs["node_energy"]
+        assert energies is not None
+        return energies
+
+    def features_and_energies(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+        with_energies: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The invariant (0e) channels of every interaction's node features, and the
+        node energies, from one pass of MACE."""
+        outputs = self.run_mace(edge_vectors, pair_first, pair_second, element_index, mirrored)
+        features = outputs["node_feats"]
+        energies = outputs["node_energy"]
+        assert features is not None and energies is not None
+        features = features.index_select(1, self.scalar_features)
+        if not with_energies:
+            return features, None
+        return features, energies
+
+    def run_mace(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+    ) -> dict[str, torch.Tensor | None]:
         # MACE takes each edge's vector as positions[receiver] - positions[sender] +
         # shifts: with all positions at zero, the shifts are the vectors themselves,
         # exactly, and the derivatives flow back to them
@@ -180,7 +235,12 @@ class MaceModel(EnergyModel):
         if n_atoms == 0:
             # a rank's empty share of a global batch: mace-torch cannot reshape nothing;
             # no energy, still tied to the positions for the force derivative
-            return vectors.new_zeros(0) + vectors.sum() * 0.0
+            tied = vectors.sum() * 0.0
+            empty: dict[str, torch.Tensor | None] = {
+                "node_energy": vectors.new_zeros(0) + tied,
+                "node_feats": vectors.new_zeros((0, self.scalar_features.shape[0])) + tied,
+            }
+            return empty
         device = vectors.device
         data = {
             "positions": torch.zeros((n_atoms, 3), dtype=dtype, device=device),
@@ -193,10 +253,7 @@ class MaceModel(EnergyModel):
             "batch": torch.zeros(n_atoms, dtype=torch.long, device=device),
             "ptr": torch.tensor([0, n_atoms], dtype=torch.long, device=device),
         }
-        outputs = self.mace(data, training=self.training, compute_force=False)
-        energies = outputs["node_energy"]
-        assert energies is not None
-        return energies
+        return self.mace(data, training=self.training, compute_force=False)
 
     def mace_dtype(self) -> torch.dtype:
         """The dtype MACE's parameters are in."""
