@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 from ase.calculators.calculator import Calculator as AseCalculator
@@ -9,14 +11,17 @@ from ase.calculators.calculator import all_changes
 
 from .data.neighbors import compute_neighbor_list
 from .errors import AtomtrainError
-from .models.export import load_exported
+from .models.export import HYPERS_FILE, load_exported
+from .targets import TargetSpec
 
 
 class Calculator(AseCalculator):
     """Energy, free energy, forces and (for periodic structures) stress from an
-    exported model file. Units are eV and angstrom, as ASE expects."""
-
-    implemented_properties = ["energy", "free_energy", "forces", "stress"]
+    exported model file. Units are eV and angstrom, as ASE expects. A model's mtt::
+    targets are in ``results`` too, under their names, in the file's layout and units:
+    ``calc.results["mtt::dipole"]`` ([subtargets], [3, subtargets], [3, 3, subtargets]
+    or [components, subtargets]; per atom, with a first axis over the atoms), computed
+    with every energy calculation (``calc.get_property("mtt::dipole", atoms)``)."""
 
     def __init__(self, model_path: str, device: str = "cpu", threads: int | None = 1, **kwargs):
         """``threads``: torch's threads in this process (``torch.set_num_threads``, set
@@ -29,10 +34,21 @@ class Calculator(AseCalculator):
         if threads is not None:
             torch.set_num_threads(threads)
         self.device = torch.device(device)
-        self.model = load_exported(model_path, self.device)
+        stored = {HYPERS_FILE: ""}
+        self.model = load_exported(model_path, self.device, stored)
+        records = json.loads(stored[HYPERS_FILE] or "{}").get("targets", {}).get("others", [])
         self.dtype = next(self.model.parameters()).dtype
         self.cutoff = float(self.model.cutoff)
         self.atomic_types = set(int(z) for z in self.model.atomic_types)
+        self.learns_energy = bool(self.model.learns_energy)
+        self.targets = list(zip(self.model.target_names, self.model.per_atom_targets))
+        self.target_shapes = {
+            record["name"]: TargetSpec.from_record(record).shape_in_file() for record in records
+        }
+        self.implemented_properties = [
+            *(["energy", "free_energy", "forces", "stress"] if self.learns_energy else []),
+            *self.model.target_names,
+        ]
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)
@@ -47,7 +63,7 @@ class Calculator(AseCalculator):
         first, second, shifts = compute_neighbor_list(
             atoms.positions, atoms.cell.array, pbc, self.cutoff
         ).full()
-        compute_stress = bool(pbc.all())
+        compute_stress = bool(pbc.all()) and self.learns_energy
 
         def tensor(value, dtype=None):
             return torch.as_tensor(value, dtype=dtype or self.dtype, device=self.device)
@@ -61,10 +77,16 @@ class Calculator(AseCalculator):
             pair_second=second.to(self.device),
             cell_shifts=tensor(shifts),
             periodic=tensor([bool(pbc.any())], torch.bool),
-            compute_forces=True,
+            compute_forces=self.learns_energy,
             compute_stress=compute_stress,
             create_graph=False,
         )
+        for name, per_atom in self.targets:
+            values = outputs[name].detach().cpu().numpy().astype(np.float64)
+            shape = self.target_shapes[name]
+            self.results[name] = values.reshape((len(atoms), *shape) if per_atom else shape)
+        if not self.learns_energy:
+            return
         energy = float(outputs["energy"].detach().cpu()[0])
         self.results["energy"] = energy
         self.results["free_energy"] = energy

@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from atomtrain.ase import Calculator
 from atomtrain.cli.main import main
 from atomtrain.data.extxyz import TargetKeys, read_structures
 from atomtrain.training.checkpoint import load_checkpoint, model_from_checkpoint
@@ -141,6 +142,12 @@ def test_metatrain_polarisability_options_train_and_the_export_gives_training_va
     keys = TargetKeys(read_energy=False, require_energy=False)
     expected = training_predictions(run / "best.ckpt", QM7X, keys)["mtt::polarizability"]
     assert torch.allclose(exported, expected, rtol=1e-10, atol=1e-10)
+    # atomtrain's own calculator gives the same, in the file's layout
+    for index, atoms in enumerate(ase.io.read(QM7X, ":4")):
+        atoms.calc = Calculator(str(directory / "model.pt"))
+        values = atoms.calc.get_property("mtt::polarizability", atoms)
+        assert values.shape == (3, 3, 1)
+        assert np.allclose(values.reshape(9), expected[index].numpy(), rtol=1e-10, atol=1e-10)
     # per atom on request: the atomic contributions, which sum to each structure's value
     per_atom = torch.tensor(found["True"]["values"], dtype=torch.float64).reshape(-1, 9)
     systems = torch.tensor(found["True"]["samples"])[:, 0]
