@@ -11,7 +11,7 @@ from ase.calculators.calculator import all_changes
 
 from .data.neighbors import compute_neighbor_list
 from .errors import AtomtrainError
-from .models.export import HYPERS_FILE, load_exported
+from .models.export import HYPERS_FILE, learnt_targets, load_exported
 from .targets import TargetSpec
 
 
@@ -23,13 +23,22 @@ class Calculator(AseCalculator):
     or [components, subtargets]; per atom, with a first axis over the atoms), computed
     with every energy calculation (``calc.get_property("mtt::dipole", atoms)``)."""
 
-    def __init__(self, model_path: str, device: str = "cpu", threads: int | None = 1, **kwargs):
+    def __init__(
+        self,
+        model_path: str,
+        device: str = "cpu",
+        threads: int | None = 1,
+        variant: str | None = None,
+        **kwargs,
+    ):
         """``threads``: torch's threads in this process (``torch.set_num_threads``, set
         once here), or None to leave torch's setting. One thread is the default: it was
         the fastest measured on CPU from 9 to 1,701 atoms on an idle machine, and beside
         another job several threads were up to 3.6x slower (docs/performance.md, "A busy
         machine"). Changing the count around every call instead cost more than it saved
-        on a busy machine (torch resizes a thread pool each time)."""
+        on a busy machine (torch resizes a thread pool each time). ``variant``: which
+        energy of a model trained on several ("r2scan" for energy/r2scan; unset:
+        "energy", or the model's only one)."""
         super().__init__(**kwargs)
         if threads is not None:
             torch.set_num_threads(threads)
@@ -40,14 +49,15 @@ class Calculator(AseCalculator):
         self.dtype = next(self.model.parameters()).dtype
         self.cutoff = float(self.model.cutoff)
         self.atomic_types = set(int(z) for z in self.model.atomic_types)
-        self.learns_energy = bool(self.model.learns_energy)
-        self.targets = list(zip(self.model.target_names, self.model.per_atom_targets))
+        energies, self.targets = learnt_targets(self.model)
+        self.learns_energy = len(energies) > 0
+        self.energy_variant = chosen_energy(energies, variant, model_path)
         self.target_shapes = {
             record["name"]: TargetSpec.from_record(record).shape_in_file() for record in records
         }
         self.implemented_properties = [
             *(["energy", "free_energy", "forces", "stress"] if self.learns_energy else []),
-            *self.model.target_names,
+            *(name for name, _ in self.targets),
         ]
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
@@ -80,6 +90,11 @@ class Calculator(AseCalculator):
             compute_forces=self.learns_energy,
             compute_stress=compute_stress,
             create_graph=False,
+            **(
+                {"energy_variant": torch.tensor([self.energy_variant], device=self.device)}
+                if self.energy_variant
+                else {}
+            ),
         )
         for name, per_atom in self.targets:
             values = outputs[name].detach().cpu().numpy().astype(np.float64)
@@ -94,3 +109,20 @@ class Calculator(AseCalculator):
         if compute_stress:
             stress = outputs["stress"].detach().cpu().numpy()[0].astype(np.float64)
             self.results["stress"] = stress.reshape(9)[[0, 4, 8, 5, 2, 1]]
+
+
+def chosen_energy(energies: list[str], variant: str | None, model_path: str) -> int:
+    """The position of the energy a calculator gives among the model's ``energies``."""
+    if variant is None:
+        if len(energies) <= 1 or "energy" in energies:
+            return energies.index("energy") if "energy" in energies else 0
+        raise AtomtrainError(
+            f"{model_path} has several energies ({', '.join(energies)}) and none is plain "
+            "'energy': choose one with Calculator(..., variant=NAME)"
+        )
+    name = variant if variant.startswith("energy") else f"energy/{variant}"
+    if name not in energies:
+        raise AtomtrainError(
+            f"{model_path} has no energy '{name}'; it has {', '.join(energies) or 'none'}"
+        )
+    return energies.index(name)

@@ -30,7 +30,7 @@ from pydantic import (
 from .errors import OptionsError
 from .models import registry
 from .options_base import Strict, default_only
-from .targets import PREFIX, Irrep, TargetSpec, is_other_target, unsupported_irrep
+from .targets import PREFIX, Irrep, TargetSpec, is_energy, is_other_target, unsupported_irrep
 from .units import unit_problem
 
 
@@ -559,6 +559,12 @@ class TargetsOptions(Strict):
 
     energy: EnergyTargetOptions | None = EnergyTargetOptions()
     """The energy target and its derivatives."""
+    energy_name: str = "energy"
+    """Which energy it is: "energy", or a variant "energy/<variant>" (a level of theory,
+    e.g. energy/r2scan), written as that key in the file. Each variant a run names has a
+    head and per-element baseline of its own on the shared model; the exported model
+    gives each as a metatomic output (``energy/<variant>``), which an engine picks
+    (metatomic-ase: ``variants={"energy": "<variant>"}``)."""
     others: dict[str, OtherTargetOptions] = {}
     """The ``mtt::<name>`` targets (written beside energy in the file, not under this
     key)."""
@@ -570,14 +576,21 @@ class TargetsOptions(Strict):
             return value
         value = dict(value)
         others = dict(value.pop("others", None) or {})
+        energies = [name for name in value if isinstance(name, str) and is_energy(name)]
+        if len(energies) > 1:
+            raise ValueError(
+                f"one energy per data set, got {energies}: give each level of theory a data "
+                "set section of its own (they may name the same file)"
+            )
+        for name in energies:
+            if name != "energy":
+                if not name.removeprefix("energy/").strip():
+                    raise ValueError(f"'{name}': name the variant, e.g. energy/r2scan")
+                value["energy"] = value.pop(name)
+                value["energy_name"] = name
         for name in [name for name in value if isinstance(name, str)]:
             if is_other_target(name):
                 others[name] = value.pop(name)
-            elif name.startswith("energy/"):
-                raise ValueError(
-                    f"energy variants ('{name}') are not implemented yet; train one energy "
-                    "per model (name it 'energy')"
-                )
         if others and "energy" not in value:
             value["energy"] = None
         if others:
@@ -588,6 +601,8 @@ class TargetsOptions(Strict):
     def _others_beside_energy(self, handler: Any) -> dict[str, Any]:
         """Written as metatrain writes them: each mtt:: target beside the energy."""
         data = handler(self)
+        name = data.pop("energy_name", "energy")
+        data[name] = data.pop("energy")
         data.update(data.pop("others", {}) or {})
         return data
 

@@ -133,6 +133,11 @@ class TargetSpec:
         return cls(**fields)
 
 
+def is_energy(name: str) -> bool:
+    """``energy`` or one of its variants, ``energy/<variant>``."""
+    return name == "energy" or name.startswith("energy/")
+
+
 def is_other_target(name: str) -> bool:
     return name.startswith(PREFIX)
 

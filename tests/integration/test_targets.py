@@ -301,11 +301,3 @@ def test_bad_targets_get_one_line(tmp_path, target, parts):
     options = metatrain_options(tmp_path, QM7X, {"mtt::polarizability": target})
     one_line_error(train(tmp_path, options, "--check"), *parts)
     assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").glob("*/*"))
-
-
-def test_an_architecture_without_heads_is_named(tmp_path):
-    options = metatrain_options(tmp_path, QM7X, {"mtt::polarizability": POLARISABILITY})
-    content = yaml.safe_load(options.read_text())
-    content["architecture"] = {"name": "mace"}
-    options.write_text(yaml.safe_dump(content))
-    one_line_error(train(tmp_path, options, "--check"), "architecture mace", "mtt::polarizability")

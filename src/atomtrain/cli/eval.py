@@ -16,7 +16,7 @@ from ..data.extxyz import read_frames
 from ..data.frames import FrameSet
 from ..errors import DataError, OptionsError
 from ..io import atomic_write
-from ..models.export import load_exported
+from ..models.export import learnt_targets, load_exported
 from ..options import DatasetOptions
 from ..runtime import BusyCores
 from ..training.checkpoint import best_model, is_checkpoint
@@ -87,6 +87,20 @@ def check_elements(model_path: Path, files: list[tuple[str, FrameSet]], known: l
                 f"{path} holds atomic numbers {unknown} that the model {model_path} was not "
                 f"trained on (it knows {known}); evaluate it on structures of those elements"
             )
+
+
+def check_energies(model_path: Path, files: list[tuple[str, FrameSet]], names: list[str]) -> None:
+    """Each file's energy (its section's ``energy`` or ``energy/<variant>``) is one the
+    model has; its structures are evaluated with it."""
+    for path, structures in files:
+        for frames in structures.parts:
+            if names and frames.energy_name not in names:
+                raise OptionsError(
+                    f"{path}: the model {model_path} has no '{frames.energy_name}' (it has "
+                    f"{', '.join(names)}); name one of those as the target in the data "
+                    "description (targets: {energy/<variant>: {key: ...}})"
+                )
+            frames.energy_variant = names.index(frames.energy_name) if names else 0
 
 
 def write_predictions(
@@ -171,8 +185,9 @@ def predict_all(
     model: torch.nn.Module, structures: FrameSet, batch_size: int, dtype: torch.dtype
 ) -> tuple[list[dict], torch.Tensor]:
     """Predictions for each structure (stress for the periodic ones), and the error sums."""
-    targets = tuple(model.target_names)
-    learns_energy = bool(model.learns_energy)
+    energies, learnt = learnt_targets(model)
+    targets = tuple(name for name, _ in learnt)
+    learns_energy = len(energies) > 0
     periodic = structures.fully_periodic()
     stress = bool(periodic.any()) and learns_energy
     sums = MetricSums("cpu", targets)
@@ -199,7 +214,7 @@ def predict_all(
                 entry["forces"] = forces.detach().double().numpy()
             if stress and periodic[index]:
                 entry["stress"] = predicted["stress"][position].detach().double().numpy()
-            for name, per_atom in zip(targets, model.per_atom_targets):
+            for name, per_atom in learnt:
                 values = predicted[name].detach().double()
                 rows = values[start : start + count] if per_atom else values[position]
                 entry["targets"][name] = rows.numpy()
@@ -220,9 +235,10 @@ def run(arguments: argparse.Namespace) -> int:
     dtype = next(model.parameters()).dtype
     files = read_files(dataset_options(arguments.data), require_energy=False)
     check_elements(arguments.model, files, [int(z) for z in model.atomic_types])
+    check_energies(arguments.model, files, learnt_targets(model)[0])
     structures = [structure for _, part in files for structure in part]
     predictions: list[dict] = []
-    targets = tuple(model.target_names)
+    targets = tuple(name for name, _ in learnt_targets(model)[1])
     total = MetricSums("cpu", targets).values
     per_file: dict[str, dict[str, float]] = {}
     for name, (_, part) in zip(file_labels([path for path, _ in files]), files):

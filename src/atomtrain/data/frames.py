@@ -135,6 +135,10 @@ class Frames:
     neighbor_lists: dict[tuple[float, int], NeighborList] = field(default_factory=dict, repr=False)
     element_set: set[int] | None = field(default=None, repr=False)  # see elements()
     targets: dict[str, TargetColumn] = field(default_factory=dict)  # mtt:: targets
+    # which energy its energies are ("energy" or "energy/<variant>"), and that energy's
+    # position in the model's list (set by whoever runs the model on it)
+    energy_name: str = "energy"
+    energy_variant: int = 0
 
     def elements(self) -> set[int]:
         """The atomic numbers in this source, counted once, a chunk of atoms at a time."""
@@ -375,6 +379,13 @@ class FrameSet(Sequence):
                 result[where] = column.known[indices]
         return result
 
+    def energy_variants(self) -> np.ndarray:
+        """Each structure's energy_variant (which of the model's energies it has)."""
+        result = np.zeros(len(self), dtype=np.int64)
+        for frames, _, where in self.by_part(np.arange(len(self))):
+            result[where] = frames.energy_variant
+        return result
+
     def target_columns(self) -> dict[str, TargetColumn]:
         """An example column of each mtt:: target some source has, by name."""
         columns: dict[str, TargetColumn] = {}
@@ -479,6 +490,8 @@ def collate_frames(located: list[tuple[Frames, int]], cutoff: float) -> Batch:
             dtype=torch.float64,
         )
     targets, target_masks = collate_targets(located, n_atoms)
+    variants = [frames.energy_variant for frames, _ in located]
+    energy_variant = torch.tensor(variants, dtype=torch.long) if any(variants) else None
     n_atoms_tensor = torch.from_numpy(n_atoms)
     first_tensor, second_tensor = torch.from_numpy(first), torch.from_numpy(second)
     shifts_tensor = torch.from_numpy(shifts)
@@ -508,6 +521,7 @@ def collate_frames(located: list[tuple[Frames, int]], cutoff: float) -> Batch:
         stress_mask=stress_mask,
         targets=targets,
         target_masks=target_masks,
+        energy_variant=energy_variant,
     )
 
 

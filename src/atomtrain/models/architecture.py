@@ -103,5 +103,6 @@ class Architecture:
         targets = hypers.get("targets")
         if targets is not None:
             specs = [TargetSpec.from_record(record) for record in targets["others"]]
-            model.attach_targets(specs, bool(targets["energy"]))
+            energies = targets.get("energies", ["energy"] if targets.get("energy") else [])
+            model.attach_targets(specs, energies)
         return model

@@ -67,30 +67,55 @@ class EnergyModel(torch.nn.Module):
         self.per_atom_targets: list[bool] = []
         self.heads = torch.nn.ModuleList()
         self.basis = NeighborBasis(len(atomic_types), float(cutoff), False)
+        # the energies it learns: the first through the architecture's own energy (and
+        # the baseline and scale above), each other one (an energy variant,
+        # "energy/<variant>") through a head of its own on the same features
+        self.energy_names: list[str] = ["energy"]
+        self.variant_heads = torch.nn.ModuleList()
 
     @torch.jit.unused
-    def attach_targets(self, specs: list[TargetSpec], learns_energy: bool = True) -> None:
-        """Heads for ``specs`` (mtt:: targets) on this model's features, recorded in its
-        hypers so that a checkpoint or an exported model builds them again."""
-        self.learns_energy = learns_energy
+    def attach_targets(
+        self, specs: list[TargetSpec], energy_names: list[str] | tuple[str, ...] = ("energy",)
+    ) -> None:
+        """Heads for ``specs`` (mtt:: targets) and for every energy after the first of
+        ``energy_names`` (its variants) on this model's features, recorded in its hypers
+        so that a checkpoint or an exported model builds them again."""
+        energy_names = list(energy_names)
+        self.learns_energy = len(energy_names) > 0
+        self.energy_names = energy_names
         self.target_names = [spec.name for spec in specs]
         self.per_atom_targets = [spec.per_atom for spec in specs]
         matrices = any(irrep.o3_lambda == 2 for spec in specs for irrep in spec.blocks())
         self.basis = NeighborBasis(len(self.atomic_types), self.cutoff, matrices)
         width = self.feature_width()
         dtype = next(self.parameters()).dtype
+        n_types, channels = len(self.atomic_types), self.basis.channels
         self.heads = torch.nn.ModuleList(
-            [TargetHead(spec, len(self.atomic_types), width, self.basis.channels) for spec in specs]
+            [TargetHead(spec, n_types, width, channels) for spec in specs]
         )
-        for head in self.heads:
-            head.network.to(dtype)
+        self.variant_heads = torch.nn.ModuleList(
+            [
+                TargetHead(TargetSpec(name, name, "scalar"), n_types, width, channels)
+                for name in energy_names[1:]
+            ]
+        )
+        self.heads_to(dtype)
         self.hypers = {
             **self.hypers,
             "targets": {
-                "energy": learns_energy,
+                "energies": energy_names,
                 "others": [spec.record() for spec in specs],
             },
         }
+
+    @torch.jit.unused
+    def energy_baseline(self, variant: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-element baseline [n_elements] and scale of energy ``variant`` (its
+        position in energy_names), as views to copy into."""
+        if variant == 0:
+            return self.baseline, self.scale
+        head = self.variant_heads[variant - 1]
+        return head.baseline[:, 0], head.scale
 
     @torch.jit.unused
     def target_specs(self) -> list[TargetSpec]:
@@ -99,9 +124,13 @@ class EnergyModel(torch.nn.Module):
         return [TargetSpec.from_record(record) for record in records]
 
     @torch.jit.unused
+    def has_heads(self) -> bool:
+        return len(self.heads) > 0 or len(self.variant_heads) > 0 or not self.learns_energy
+
+    @torch.jit.unused
     def heads_to(self, dtype: torch.dtype) -> None:
         """The heads' networks in ``dtype``; their baselines and scales stay float64."""
-        for head in self.heads:
+        for head in [*self.heads, *self.variant_heads]:
             head.network.to(dtype)
 
     @torch.jit.unused
@@ -223,8 +252,8 @@ class EnergyModel(torch.nn.Module):
         atomic_numbers: torch.Tensor,
         mirrored: bool,
     ) -> dict[str, torch.Tensor]:
-        """Every target of each atom from one pass of the features: "energy" [n_atoms]
-        in float64 (when the model learns one) and each mtt:: target [n_atoms, width]."""
+        """Every target of each atom from one pass of the features, by name: each energy
+        [n_atoms] in float64 and each mtt:: target [n_atoms, width]."""
         element_index = self.type_to_index.index_select(0, atomic_numbers)
         features, energies = self.features_and_energies(
             edge_vectors, pair_first, pair_second, element_index, mirrored, self.learns_energy
@@ -232,7 +261,10 @@ class EnergyModel(torch.nn.Module):
         results: dict[str, torch.Tensor] = {}
         if energies is not None:
             atomic = energies.to(torch.float64)
-            results["energy"] = atomic * self.scale + self.baseline.index_select(0, element_index)
+            main = atomic * self.scale + self.baseline.index_select(0, element_index)
+            results[self.energy_names[0]] = main
+        for index, head in enumerate(self.variant_heads):
+            results[self.energy_names[index + 1]] = head.energies(features, element_index)
         vectors, matrices = self.basis(
             edge_vectors.to(features.dtype), pair_first, pair_second, element_index, mirrored
         )
@@ -283,9 +315,12 @@ class EnergyModel(torch.nn.Module):
         compute_forces: bool = True,
         compute_stress: bool = False,
         create_graph: bool = False,
+        energy_variant: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Energy [n_structures], and on request forces [n_atoms, 3] and stress
-        [n_structures, 3, 3] (zero for non-periodic structures)."""
+        [n_structures, 3, 3] (zero for non-periodic structures); each mtt:: target by
+        name. ``energy_variant``: which of energy_names each structure's energy is (the
+        first when None)."""
         inputs: list[torch.Tensor] = []
         if compute_forces:
             positions = positions.detach().requires_grad_(True)
@@ -303,7 +338,7 @@ class EnergyModel(torch.nn.Module):
             deformed_positions = positions
             deformed_cell = cell
         results: dict[str, torch.Tensor] = {}
-        if len(self.heads) == 0:
+        if len(self.heads) == 0 and len(self.variant_heads) == 0 and self.learns_energy:
             energy = self.energies(
                 deformed_positions,
                 deformed_cell,
@@ -335,8 +370,13 @@ class EnergyModel(torch.nn.Module):
                     values = total.index_add(0, system_index, values)
                 results[spec_name] = values
             energy = torch.zeros(n_structures, dtype=torch.float64, device=positions.device)
-            if self.learns_energy:
-                energy = energy.index_add(0, system_index, atomic["energy"])
+            totals: list[torch.Tensor] = []
+            for name in self.energy_names:
+                totals.append(energy.index_add(0, system_index, atomic[name]))
+            if len(totals) > 0:
+                energy = totals[0]
+            if len(totals) > 1 and energy_variant is not None:
+                energy = torch.stack(totals).gather(0, energy_variant.unsqueeze(0)).squeeze(0)
         results["energy"] = energy
         if len(inputs) == 0 or not self.learns_energy:
             return results
@@ -359,4 +399,6 @@ class EnergyModel(torch.nn.Module):
 
 # TorchScript types attributes by the class's annotations, which must be types, not the
 # strings postponed annotations leave: an empty list could not be typed otherwise
-EnergyModel.__annotations__.update(target_names=list[str], per_atom_targets=list[bool])
+EnergyModel.__annotations__.update(
+    target_names=list[str], per_atom_targets=list[bool], energy_names=list[str]
+)

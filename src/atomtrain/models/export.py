@@ -49,12 +49,13 @@ def atomistic_model(model: EnergyModel):
     specs = model.target_specs()
     inner = architecture.script(copy.deepcopy(model).cpu().eval())
     outputs = {}
-    if model.learns_energy:
-        outputs["energy"] = ModelOutput(
+    for name in model.energy_names:  # "energy" and its variants, "energy/<variant>"
+        outputs[name] = ModelOutput(
             quantity="",  # deprecated: metatomic reads the dimension from the unit
             unit=model.energy_unit,
             sample_kind="atom",  # per system by default, per atom on request
-            description="potential energy",
+            description="potential energy"
+            + ("" if name == "energy" else f" ({name.removeprefix('energy/')})"),
         )
     for spec in specs:
         outputs[spec.name] = ModelOutput(
@@ -86,7 +87,8 @@ def atomistic_model(model: EnergyModel):
             EXTRA_KEYS[BASELINE_SPAN_FILE]: json.dumps(getattr(model, "baseline_span", None)),
         },
     )
-    return AtomisticModel(MetatomicEnergy(inner, specs).eval(), metadata, capabilities)
+    wrapper = MetatomicEnergy(inner, specs, list(model.energy_names))
+    return AtomisticModel(wrapper.eval(), metadata, capabilities)
 
 
 def export(model: EnergyModel, path: str | Path) -> None:
@@ -222,6 +224,16 @@ def metatomic_metadata(path: Path) -> dict | None:
 
 # what every exported atomtrain model carries, and eval, the calculator and fine-tuning use
 MODEL_ATTRIBUTES = ("cutoff", "atomic_types")
+
+
+def learnt_targets(model: torch.nn.Module) -> tuple[list[str], list[tuple[str, bool]]]:
+    """(its energies, its mtt:: targets with whether each is per atom) of a model or a
+    loaded export; an export written before there were targets learns "energy" only."""
+    energies = list(getattr(model, "energy_names", ["energy"]))
+    names = list(getattr(model, "target_names", []))
+    per_atom = list(getattr(model, "per_atom_targets", []))
+    return energies, list(zip(names, per_atom))
+
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 

@@ -223,6 +223,13 @@ class TargetHead(torch.nn.Module):
             made.append(block * self.scale.to(block.dtype))
         return self.layout(made).reshape(n_atoms, -1)
 
+    def energies(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
+        """As an energy variant's head: each atom's energy [atoms] in float64 (its scale
+        and per-element baseline applied in float64: total energies can be large)."""
+        one_hot = torch.nn.functional.one_hot(element_index, self.n_types).to(features.dtype)
+        raw = self.network(torch.cat([features, one_hot], dim=1))[:, 0].to(torch.float64)
+        return raw * self.scale + self.baseline[:, 0].index_select(0, element_index)
+
     def layout(self, made: list[torch.Tensor]) -> torch.Tensor:
         """The blocks as the file lays the target out: [atoms, *components, s]."""
         if self.kind == "spherical" or self.kind == "scalar":

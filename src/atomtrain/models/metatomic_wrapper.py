@@ -24,10 +24,19 @@ class MetatomicEnergy(torch.nn.Module):
     target_ranks: List[int]
     target_subtargets: List[int]
     target_irreps: List[List[int]]
+    energy_names: List[str]
 
-    def __init__(self, model: EnergyModel, specs: Optional[List[TargetSpec]] = None):
+    def __init__(
+        self,
+        model: EnergyModel,
+        specs: Optional[List[TargetSpec]] = None,
+        energy_names: Optional[List[str]] = None,
+    ):
         super().__init__()
         self.model = model
+        self.energy_names = energy_names if energy_names is not None else ["energy"]
+        # one energy and nothing else: the energy alone, as MD engines ask at every step
+        self.energy_only = self.energy_names == ["energy"] and not specs
         # the mtt:: targets' layouts (what target_map builds), in TorchScript's types
         specs = specs if specs is not None else []
         self.target_names: List[str] = [spec.name for spec in specs]
@@ -54,7 +63,7 @@ class MetatomicEnergy(torch.nn.Module):
     ) -> Dict[str, TensorMap]:
         wanted: List[str] = []
         for name in outputs.keys():
-            if name == "energy" or name in self.target_names:
+            if name in self.energy_names or name in self.target_names:
                 wanted.append(name)
         if len(wanted) == 0:
             return {}
@@ -76,7 +85,7 @@ class MetatomicEnergy(torch.nn.Module):
             offset += len(system)
         first = joined(firsts)
         second = joined(seconds)
-        if len(self.target_names) == 0:
+        if self.energy_only:
             atomic = self.model.atomic_energies(
                 joined(vectors),
                 torch.cat([first, second]),
@@ -112,7 +121,7 @@ class MetatomicEnergy(torch.nn.Module):
                 per_atom,
                 selected_atoms,
             )
-            if name == "energy":
+            if name in self.energy_names:
                 results[name] = energy_map(values, samples)["energy"]
             else:
                 results[name] = self.target_map(self.target_names.index(name), values, samples)

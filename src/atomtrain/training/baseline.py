@@ -68,13 +68,39 @@ def force_spread(structures: FrameSet, context: Context) -> torch.Tensor:
     return context.all_reduce_sum(spread)
 
 
+def by_energy(training: FrameSet, model: EnergyModel) -> list[tuple[int, str, FrameSet]]:
+    """(position, name, structures) of each energy the model learns: the training
+    structures whose energy is that one."""
+    variants = training.energy_variants()
+    return [
+        (position, name, training.subset(np.nonzero(variants == position)[0]))
+        for position, name in enumerate(model.energy_names)
+    ]
+
+
 def fit_baseline(
     model: EnergyModel, training: FrameSet, options: Options, context: Context
 ) -> None:
+    """Each energy's per-element energies and scale (see fit_energy_baseline)."""
+    for position, name, structures in by_energy(training, model):
+        fit_energy_baseline(model, structures, options, context, position, name)
+
+
+def fit_energy_baseline(
+    model: EnergyModel,
+    training: FrameSet,
+    options: Options,
+    context: Context,
+    variant: int = 0,
+    name: str = "energy",
+) -> None:
     """Per-element energies by least squares and the target scale, from all training
-    structures: each rank adds up its shard, one all-reduce, the same solve everywhere."""
+    structures: each rank adds up its shard, one all-reduce, the same solve everywhere.
+    The fixed atomic_baseline holds for the first energy only (a variant is another
+    level of theory, with other atomic energies)."""
     types = model.atomic_types
     fixed = {int(z): float(e) for z, e in options.architecture.training.atomic_baseline.items()}
+    fixed = fixed if variant == 0 else {}
     counts, energies = local_compositions(training, context, types)
     fixed_vector = torch.tensor([fixed.get(z, 0.0) for z in types], dtype=torch.float64)
     free = torch.tensor([z not in fixed for z in types])
@@ -103,10 +129,16 @@ def fit_baseline(
             spread = context.all_reduce_sum(torch.stack([(remainder**2).sum(), counts.sum()]))
         if spread[0] > 0:
             scale = math.sqrt(float(spread[0] / spread[1]))
-    model.set_baseline(baseline, scale)
-    model.baseline_span = span.tolist()
+    target_baseline, target_scale = model.energy_baseline(variant)
+    target_baseline.copy_(baseline)
+    target_scale.fill_(scale)
+    if variant == 0:
+        model.baseline_span = span.tolist()
     listing = ", ".join(f"Z={z}: {e:.6f} eV" for z, e in zip(types, baseline.tolist()))
-    logger.info(f"per-element energy baseline: {listing}; target scale {scale:.6g} {measured}")
+    which = "" if name == "energy" else f" of {name}"
+    logger.info(
+        f"per-element energy baseline{which}: {listing}; target scale {scale:.6g} {measured}"
+    )
     fixed_count = n_types - n_free
     if span.shape[0] < n_types and span.shape[0] + fixed_count < n_types:
         logger.info(
@@ -164,11 +196,29 @@ def refit_baseline(
     structure's equation divided by its atom count (the loss's energy per atom). Sums
     over each rank's shard, one all-reduce, the same solve everywhere. Whether it
     refitted (not when switched off, or when nothing is free to fit)."""
+    refitted = False
+    for position, name, structures in by_energy(training, model):
+        refitted |= refit_energy_baseline(
+            model, structures, options, context, dtype, position, name
+        )
+    return refitted
+
+
+def refit_energy_baseline(
+    model: EnergyModel,
+    training: FrameSet,
+    options: Options,
+    context: Context,
+    dtype: torch.dtype,
+    variant: int = 0,
+    name: str = "energy",
+) -> bool:
+    """refit_baseline for one of the model's energies, on its structures."""
     training_options = options.architecture.training
     if not training_options.refit_baseline or not len(training):
         return False
     types = model.atomic_types
-    fixed = {int(z) for z in training_options.atomic_baseline}
+    fixed = {int(z) for z in training_options.atomic_baseline} if variant == 0 else set()
     free = torch.tensor([z not in fixed for z in types])
     n_free = int(free.sum())
     if not n_free:
@@ -202,10 +252,13 @@ def refit_baseline(
     shift[free] = solve_baseline(
         packed[: n_free * n_free].reshape(n_free, n_free), packed[-n_free:]
     )
-    baseline = model.baseline.detach().cpu().to(torch.float64)
-    model.set_baseline(baseline + shift, float(model.scale))
+    target_baseline, _ = model.energy_baseline(variant)
+    target_baseline.add_(shift.to(target_baseline.device))
     listing = ", ".join(f"Z={z}: {e:+.6f} eV" for z, e in zip(types, shift.tolist()))
-    logger.info(f"per-element energies refitted to the trained model's residuals ({listing})")
+    which = "" if name == "energy" else f" of {name}"
+    logger.info(
+        f"per-element energies{which} refitted to the trained model's residuals ({listing})"
+    )
     return True
 
 

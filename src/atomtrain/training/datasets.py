@@ -61,11 +61,14 @@ def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> FrameS
                 f"{elsewhere}: targets must be read from the systems file "
                 f"{dataset.systems.read_from}"
             )
-    return read_structures(
+    structures = read_structures(
         dataset.systems.read_from,
         target_keys(dataset, require_energy),
         Units(length=dataset.systems.length_unit, energy=energy.unit if energy else "eV"),
     )
+    for frames in structures.parts:
+        frames.energy_name = dataset.targets.energy_name
+    return structures
 
 
 @dataclass

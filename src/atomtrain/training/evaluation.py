@@ -15,7 +15,9 @@ from .work import work
 
 
 def model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
+    variant = {} if batch.energy_variant is None else {"energy_variant": batch.energy_variant}
     return {
+        **variant,
         "positions": batch.positions,
         "cell": batch.cell,
         "atomic_numbers": batch.atomic_numbers,

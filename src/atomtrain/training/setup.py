@@ -122,9 +122,10 @@ def starting_point(options: Options) -> str | None:
     return registry.architecture(options.architecture.name).start_file(options.architecture.model)
 
 
-def training_targets(options: Options) -> tuple[list[TargetSpec], bool]:
+def training_targets(options: Options) -> tuple[list[TargetSpec], list[str]]:
     """The mtt:: targets the training sections name (each once, alike wherever it is
-    named), and whether they learn an energy (all of them or none)."""
+    named), and the energies they learn (every section one, or none): "energy" first
+    when named, then the variants in the order the sections name them."""
     specs: dict[str, TargetSpec] = {}
     for dataset in options.training_set:
         for spec in dataset.targets.specs():
@@ -147,10 +148,27 @@ def training_targets(options: Options) -> tuple[list[TargetSpec], bool]:
             "atomtrain trains an energy on every section or on none yet: add the energy "
             "target there or train the energy in a run of its own"
         )
-    learns_energy = all(with_energy)
-    if not learns_energy and not specs:
+    if not any(with_energy) and not specs:
         raise OptionsError("training_set: no target to learn; give 'energy' or mtt:: targets")
-    return list(specs.values()), learns_energy
+    names = [d.targets.energy_name for d in options.training_set if d.targets.energy is not None]
+    energies = sorted(dict.fromkeys(names), key=lambda name: name != "energy")
+    return list(specs.values()), energies
+
+
+def assign_energy_variants(datasets: Datasets, energy_names: list[str]) -> None:
+    """Tell every file's structures which of the model's energies theirs is; a file
+    whose energy the model lacks is named."""
+    for entries in datasets.files.values():
+        for path, structures in entries:
+            for frames in structures.parts:
+                if frames.energy_known.any() and frames.energy_name not in energy_names:
+                    raise OptionsError(
+                        f"{path}: its energy is '{frames.energy_name}', which the model does "
+                        f"not learn (it learns {energy_names or 'no energy'}); give one of "
+                        "those, or train that energy on some training_set section"
+                    )
+                if frames.energy_name in energy_names:
+                    frames.energy_variant = energy_names.index(frames.energy_name)
 
 
 def fresh_seed() -> int:
@@ -181,7 +199,7 @@ def prepare(
     check_cache_setting()
     architecture = registry.architecture(options.architecture.name)
     architecture.check_section(options.architecture.model)
-    specs, learns_energy = training_targets(options)
+    specs, energy_names = training_targets(options)
     if specs and not architecture.learns_other_targets:
         raise OptionsError(
             f"architecture {options.architecture.name} cannot learn targets other than the "
@@ -203,7 +221,7 @@ def prepare(
     elif pretrained is not None:
         if [spec.record() for spec in pretrained.target_specs()] != [
             spec.record() for spec in specs
-        ] or pretrained.learns_energy != learns_energy:
+        ] or pretrained.energy_names != energy_names:
             raise OptionsError(
                 "fine-tuning to other targets than the pretrained model's is not implemented "
                 f"yet (it has {pretrained.hypers.get('targets', 'energy only')}); give the "
@@ -217,16 +235,17 @@ def prepare(
             f"default when unset: {FINETUNE_LEARNING_RATE:g}); its per-element energy "
             "baseline and target scale are kept"
         )
-        if learns_energy:
+        if energy_names == ["energy"]:
             refit_undetermined_baseline(model, training, context)
     else:
         model = build_model(options, data_facts(options, training, context))
-        if specs or not learns_energy:
-            model.attach_targets(specs, learns_energy)
+        if specs or energy_names != ["energy"]:
+            model.attach_targets(specs, energy_names)
         model.set_precision(dtype)
-        if learns_energy:
-            fit_baseline(model, training, options, context)
+        assign_energy_variants(datasets, model.energy_names)
+        fit_baseline(model, training, options, context)
         fit_target_baselines(model, training, context)
+    assign_energy_variants(datasets, model.energy_names)
     model.trained_on = describe_training(datasets, starting_point(options))
     plan = batch_plan(training, options.architecture.training, seed, context)
     return Prepared(datasets, model, plan)
