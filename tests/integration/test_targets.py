@@ -28,6 +28,7 @@ from test_faults import final_state, options_in, stop_then_resume_with_two, trai
 PYTHON = sys.executable
 QM7X = RESOURCES / "qm7x_reduced_100.xyz"
 QM9 = RESOURCES / "qm9_reduced_100.xyz"
+ETHANOL = RESOURCES / "ethanol_40.xyz"
 
 POLARISABILITY = {
     "key": "polarizability",
@@ -167,7 +168,7 @@ def test_eval_writes_a_prediction_for_every_target(polarisability_run, tmp_path,
     )
     frames = ase.io.read(predictions, ":")
     reference = ase.io.read(QM7X, ":")
-    predicted = np.stack([atoms.info["predicted_mtt::polarizability"] for atoms in frames])
+    predicted = np.stack([atoms.info["predicted_mtt_polarizability"] for atoms in frames])
     truth = np.stack([atoms.info["polarizability"] for atoms in reference]).reshape(-1, 9)
     assert predicted.shape == truth.shape
     rmse = np.sqrt(np.mean((predicted - truth) ** 2))
@@ -219,9 +220,9 @@ def test_metatrain_spherical_options_train(tmp_path):
 
 
 def mixed_data(directory):
-    """40 QM9 molecules with energies (U0, hartree), the HOMO-LUMO gap (a scalar per
-    structure) and a per-atom vector (each atom's offset from the centroid)."""
-    frames = ase.io.read(QM9, ":40")
+    """30 QM9 molecules with energies (U0, B3LYP, hartree), the HOMO-LUMO gap (a scalar
+    per structure) and a per-atom vector (each atom's offset from the centroid)."""
+    frames = ase.io.read(QM9, ":30")
     for atoms in frames:
         atoms.arrays["offset"] = atoms.positions - atoms.positions.mean(0)
     path = directory / "qm9_targets.xyz"
@@ -229,25 +230,31 @@ def mixed_data(directory):
     return path
 
 
-MIXED_TARGETS = {
-    "energy": {"key": "U0", "unit": "hartree"},
+QM9_TARGETS = {
+    "energy/b3lyp": {"key": "U0", "unit": "hartree", "forces": False},
     "mtt::gap": {"key": "epsgap", "unit": "hartree"},
     "mtt::offset": {"key": "offset", "per_atom": True, "type": {"cartesian": {"rank": 1}}},
 }
 
 
 def mixed_options(directory, **changes):
-    options = options_in(directory, mixed_data(directory), **changes)
+    """Two levels of theory and two sections with different targets: ethanol (PBE,
+    energy and forces) and QM9 (B3LYP energies as a variant, a scalar, a per-atom
+    vector)."""
+    options = options_in(directory, ETHANOL, **changes)
     content = yaml.safe_load(options.read_text())
-    content["training_set"]["targets"] = MIXED_TARGETS
+    content["training_set"] = [
+        {"systems": str(ETHANOL)},
+        {"systems": str(mixed_data(directory)), "targets": QM9_TARGETS},
+    ]
     options.write_text(yaml.safe_dump(content))
     return options
 
 
 def test_two_processes_and_a_mid_epoch_resume_give_the_one_process_model(tmp_path):
-    """Energy, a scalar and a per-atom vector together: SIGTERM a one-process run after
-    its second epoch and resume it with two processes; the final model is the
-    uninterrupted one-process run's."""
+    """Two energies, a scalar and a per-atom vector on two sections: SIGTERM a
+    one-process run after its second epoch and resume it with two processes; the final
+    model is the uninterrupted one-process run's."""
     reference_dir = tmp_path / "reference"
     reference_dir.mkdir()
     options = mixed_options(reference_dir)
@@ -261,6 +268,7 @@ def test_two_processes_and_a_mid_epoch_resume_give_the_one_process_model(tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     reference = final_state(reference_dir / "run")
     assert any(name.startswith("heads.1.") for name in reference)
+    assert any(name.startswith("variant_heads.0.") for name in reference)
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
     options = mixed_options(resumed_dir)
@@ -301,3 +309,87 @@ def test_bad_targets_get_one_line(tmp_path, target, parts):
     options = metatrain_options(tmp_path, QM7X, {"mtt::polarizability": target})
     one_line_error(train(tmp_path, options, "--check"), *parts)
     assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").glob("*/*"))
+
+
+@pytest.fixture(scope="module")
+def two_energies(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("variants")
+    options = mixed_options(directory, architecture__training__num_epochs=2)
+    result = train(directory, options, "-o", directory / "model.pt")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_directories(directory / "outputs")
+    return directory, run
+
+
+VARIANTS = """
+import json, sys
+import ase.io
+from metatomic_ase import MetatomicCalculator
+
+frames = ase.io.read(sys.argv[1], ":3")
+found = {"atomtrain imported": "atomtrain" in sys.modules}
+for variant in (None, "b3lyp"):
+    chosen = None if variant is None else {"energy": variant}
+    calculator = MetatomicCalculator(sys.argv[2], extensions_directory=sys.argv[3], variants=chosen)
+    found[str(variant)] = [calculator.get_potential_energy(atoms) for atoms in frames]
+print(json.dumps(found))
+"""
+
+
+def test_energy_variants_are_exported_as_metatomic_variants(two_energies):
+    directory, run = two_energies
+    data = directory / "qm9_targets.xyz"
+    model = directory / "model.pt"
+    result = subprocess.run(
+        [PYTHON, "-c", VARIANTS, str(data), str(model), str(directory / "extensions")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not found["atomtrain imported"]
+    checkpoint = run / "best.ckpt"
+    model_in_training = model_from_checkpoint(load_checkpoint(checkpoint), best=True)
+    assert model_in_training.energy_names == ["energy", "energy/b3lyp"]
+    keys = TargetKeys(energy="U0", read_forces=False, read_stress=False)
+    structures = read_structures(data, keys)
+    batch = structures.batch([0, 1, 2], model_in_training.cutoff).to("cpu", torch.float64)
+    for variant, name in ((0, "None"), (1, "b3lyp")):
+        batch.energy_variant = torch.full((3,), variant)
+        expected = predict(model_in_training, batch, False, False)["energy"].detach()
+        assert np.allclose(found[name], expected.numpy(), rtol=1e-10), name
+    assert abs(found["b3lyp"][0] - found["None"][0]) > 100  # two levels, two baselines
+    atoms = ase.io.read(data, 0)
+    atoms.calc = Calculator(str(model), variant="b3lyp")
+    assert atoms.get_potential_energy() == pytest.approx(found["b3lyp"][0], rel=1e-10)
+
+
+def test_eval_takes_the_variant_its_description_names(two_energies, tmp_path):
+    directory, _ = two_energies
+    description = tmp_path / "eval.yaml"
+    data = directory / "qm9_targets.xyz"
+    described = {"systems": str(data), "targets": {"energy/b3lyp": QM9_TARGETS["energy/b3lyp"]}}
+    description.write_text(yaml.safe_dump(described))
+    output = tmp_path / "predictions.xyz"
+    assert main(["eval", str(directory / "model.pt"), str(description), "-o", str(output)]) == 0
+    atoms = ase.io.read(output, 0)
+    calculator = Calculator(str(directory / "model.pt"), variant="b3lyp")
+    reference = ase.io.read(data, 0)
+    reference.calc = calculator
+    assert atoms.info["predicted_energy"] == pytest.approx(reference.get_potential_energy())
+    # every target the model has, per atom in the arrays (names without colons)
+    assert atoms.arrays["predicted_mtt_offset"].shape == (len(atoms), 3)
+    assert atoms.info["predicted_mtt_gap"] == pytest.approx(
+        calculator.get_property("mtt::gap", reference)[0]
+    )
+    described["targets"] = {"energy/pbe0": {"key": "U0", "unit": "hartree"}}
+    description.write_text(yaml.safe_dump(described))
+    result = subprocess.run(
+        [PYTHON, "-m", "atomtrain", "eval", str(directory / "model.pt"), str(description)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    one_line_error(result, "has no 'energy/pbe0'", "energy, energy/b3lyp")

@@ -89,6 +89,12 @@ def check_elements(model_path: Path, files: list[tuple[str, FrameSet]], known: l
             )
 
 
+def prediction_key(name: str) -> str:
+    """Where a target's predictions go in the predictions file: predicted_mtt_dipole for
+    mtt::dipole (extended XYZ's per-atom columns are separated by colons)."""
+    return "predicted_" + name.replace("::", "_")
+
+
 def check_energies(model_path: Path, files: list[tuple[str, FrameSet]], names: list[str]) -> None:
     """Each file's energy (its section's ``energy`` or ``energy/<variant>``) is one the
     model has; its structures are evaluated with it."""
@@ -119,7 +125,7 @@ def write_predictions(
         for name, values in predicted.get("targets", {}).items():
             # per atom: a row per atom; per structure: the values flat, as in the file
             where = atoms.arrays if values.ndim == 2 else atoms.info
-            where[f"predicted_{name}"] = values
+            where[prediction_key(name)] = values
     atomic_write(
         path,
         lambda stream: ase.io.write(stream, frames, format="extxyz"),

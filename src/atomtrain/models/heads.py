@@ -55,9 +55,8 @@ class NeighborBasis(torch.nn.Module):
         functions = torch.sin(distances.unsqueeze(1) * frequencies) / distances.unsqueeze(1)
         functions = functions * envelope.unsqueeze(1)
         one_hot = torch.nn.functional.one_hot(neighbor_element, self.n_types)
-        return (one_hot.to(distances.dtype).unsqueeze(2) * functions.unsqueeze(1)).reshape(
-            distances.shape[0], -1
-        )
+        product = one_hot.to(distances.dtype).unsqueeze(2) * functions.unsqueeze(1)
+        return product.reshape(distances.shape[0], self.channels)
 
     def forward(
         self,
@@ -156,6 +155,7 @@ class TargetHead(torch.nn.Module):
         self.rank = spec.rank
         self.per_atom = spec.per_atom
         self.subtargets = spec.num_subtargets
+        self.width = spec.width
         self.channels = channels
         self.blocks = [(irrep.o3_lambda, irrep.o3_sigma) for irrep in spec.blocks()]
         self.n_types = n_types
@@ -205,7 +205,7 @@ class TargetHead(torch.nn.Module):
                     block = block + baseline.reshape(n_atoms, 1, s)
                 made.append(block)
                 continue
-            mixtures = c.reshape(n_atoms, -1, k, s)  # [atoms, mixtures, K, s]
+            mixtures = c.reshape(n_atoms, size // (k * s), k, s)  # [atoms, mixtures, K, s]
             if o3_lambda == 1:
                 u = torch.einsum("amks,akx->amxs", mixtures, vectors)  # [atoms, m, 3, s]
                 vector = u[:, 0] if o3_sigma == 1 else torch.cross(u[:, 0], u[:, 1], dim=1)
@@ -221,7 +221,7 @@ class TargetHead(torch.nn.Module):
                     matrix = symmetric_traceless(outer.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
                 block = spherical_from_matrix(matrix.permute(0, 3, 1, 2)).permute(0, 2, 1)
             made.append(block * self.scale.to(block.dtype))
-        return self.layout(made).reshape(n_atoms, -1)
+        return self.layout(made).reshape(n_atoms, self.width)
 
     def energies(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
         """As an energy variant's head: each atom's energy [atoms] in float64 (its scale

@@ -114,7 +114,7 @@ class MetatomicEnergy(torch.nn.Module):
             atomic = predictions[name]
             per_atom = outputs[name].sample_kind == "atom"
             values, samples = self.samples_of(
-                atomic.reshape(atomic.shape[0], -1),
+                atomic.unsqueeze(1) if atomic.dim() == 1 else atomic,
                 systems,
                 starts,
                 offset,
@@ -195,7 +195,7 @@ class MetatomicEnergy(torch.nn.Module):
             keys = Labels(["_"], torch.zeros((1, 1), dtype=torch.int32, device=device))
             return TensorMap(keys, [block])
         irreps = self.target_irreps[index]
-        shaped = values.reshape(values.shape[0], -1, subtargets)
+        shaped = values.reshape(values.shape[0], values.shape[1] // subtargets, subtargets)
         blocks: List[TensorBlock] = []
         start = 0
         for position in range(len(irreps) // 2):

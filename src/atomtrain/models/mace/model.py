@@ -110,6 +110,7 @@ class MaceModel(EnergyModel):
         # where the invariant (0e) channels of each interaction's node features sit in
         # MACE's node_feats: the features heads for mtt:: targets take
         self.register_buffer("scalar_features", scalar_channels(self.mace), persistent=False)
+        self.node_features = sum(product.linear.irreps_out.dim for product in self.mace.products)
         # a model read from a file keeps its E0s inside MACE; the baseline stays zero
 
     def set_precision(self, dtype: torch.dtype) -> MaceModel:
@@ -238,7 +239,7 @@ class MaceModel(EnergyModel):
             tied = vectors.sum() * 0.0
             empty: dict[str, torch.Tensor | None] = {
                 "node_energy": vectors.new_zeros(0) + tied,
-                "node_feats": vectors.new_zeros((0, self.scalar_features.shape[0])) + tied,
+                "node_feats": vectors.new_zeros((0, self.node_features)) + tied,
             }
             return empty
         device = vectors.device

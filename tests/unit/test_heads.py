@@ -258,3 +258,19 @@ def test_unknown_samples_add_nothing():
     counts = GlobalCounts(2, 0, 0, {"mtt::vector": 3})
     loss = batch_loss(predictions, batch, LossOptions(), counts)
     assert torch.allclose(loss, (predictions["mtt::vector"][0] ** 2).sum() / 3)
+
+
+@pytest.mark.parametrize("architecture", ["soap_bpnn", "mace"])
+def test_an_empty_share_of_a_batch_runs_through_every_head(architecture):
+    """A rank whose share of a short global batch is empty still runs the model, so that
+    it takes part in the gradient reduction."""
+    from atomtrain.data.batch import empty_batch
+
+    model = model_with_heads(architecture)
+    model.attach_targets(SPECS, ["energy", "energy/other"])
+    batch = empty_batch(True, True, False).to("cpu", torch.float64)
+    batch.energy_variant = torch.zeros(0, dtype=torch.long)
+    predictions = predict(model, batch, True, False, True)
+    for spec in SPECS:
+        assert predictions[spec.name].shape == (0, spec.width)
+    assert predictions["energy"].shape == (0,) and predictions["forces"].shape == (0, 3)
