@@ -615,6 +615,22 @@ class DatasetOptions(Strict):
     """Where the structures come from."""
     targets: TargetsOptions = TargetsOptions()
     """What to learn and where it is stored."""
+    weight: Annotated[float, Field(ge=0)] = 1.0
+    """Training sets: what this section's structures' loss terms are multiplied by
+    (energy, forces, stress and mtt:: targets; errors are reported unweighted). A section
+    of weight 0 is validated and tested but not trained on (its structures are left out
+    of the epochs and of the per-element baselines, so the model is the one trained
+    without it)."""
+    weight_key: str | None = None
+    """Training sets: a per-structure weight, read from each frame's info under this key
+    (e.g. "weight", as mace_run_train's config_type_weights and fairchem's per-data-set
+    weights give it), multiplying the section's; structures of weight 0 are not trained
+    on."""
+    epoch_fraction: Annotated[float, Field(ge=0)] = 1.0
+    """Training sets: how often each of this section's structures is seen per epoch, on
+    average: 1 once; 0.25 a quarter of them, chosen anew each epoch from the seed; 2
+    twice (a share of the epoch for each section, the same for any number of
+    processes). The steps per epoch follow from the sum."""
 
     @field_validator("systems", mode="before")
     @classmethod

@@ -245,16 +245,22 @@ def mixed_options(directory, **changes):
     content = yaml.safe_load(options.read_text())
     content["training_set"] = [
         {"systems": str(ETHANOL)},
-        {"systems": str(mixed_data(directory)), "targets": QM9_TARGETS},
+        {
+            "systems": str(mixed_data(directory)),
+            "targets": QM9_TARGETS,
+            "weight": 2.0,
+            "epoch_fraction": 0.5,  # a different half of it each epoch
+        },
     ]
     options.write_text(yaml.safe_dump(content))
     return options
 
 
 def test_two_processes_and_a_mid_epoch_resume_give_the_one_process_model(tmp_path):
-    """Two energies, a scalar and a per-atom vector on two sections: SIGTERM a
-    one-process run after its second epoch and resume it with two processes; the final
-    model is the uninterrupted one-process run's."""
+    """Two energies, a scalar and a per-atom vector on two sections, one weighted and
+    half of it sampled each epoch: SIGTERM a one-process run after its second epoch and
+    resume it with two processes; the final model is the uninterrupted one-process
+    run's."""
     reference_dir = tmp_path / "reference"
     reference_dir.mkdir()
     options = mixed_options(reference_dir)
@@ -393,3 +399,62 @@ def test_eval_takes_the_variant_its_description_names(two_energies, tmp_path):
         timeout=300,
     )
     one_line_error(result, "has no 'energy/pbe0'", "energy, energy/b3lyp")
+
+
+def weighted_options(directory, second: dict, first_frames=slice(0, 30)):
+    frames = ase.io.read(ETHANOL, ":")
+    ase.io.write(directory / "a.xyz", frames[first_frames], format="extxyz")
+    ase.io.write(directory / "b.xyz", frames[30:], format="extxyz")
+    options = write_options(directory, directory / "a.xyz", test_set=0.0)
+    content = yaml.safe_load(options.read_text())
+    sections = [{"systems": str(directory / "a.xyz")}]
+    if second:
+        sections.append({"systems": str(directory / "b.xyz"), **second})
+    content["training_set"] = sections
+    options.write_text(yaml.safe_dump(content))
+    return options
+
+
+def last_weights(directory, options):
+    result = train(directory, options, "--run-dir", directory / "run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(directory / "run" / "last.ckpt", weights_only=True)["model_state"]
+
+
+@pytest.mark.parametrize("how", ["section", "per structure"])
+def test_a_weight_of_zero_gives_the_model_trained_without_the_section(tmp_path, how):
+    """MACE #1335 and fairchem's per-data-set weights: a weight must act. Here a weight
+    of 0 leaves the section's structures out (they are still validated), a weight of 2
+    changes the model."""
+    alone, zero, doubled = (tmp_path / name for name in ("alone", "zero", "doubled"))
+    for directory in (alone, zero, doubled):
+        directory.mkdir()
+    if how == "per structure":
+        frames = ase.io.read(ETHANOL, ":")
+        for index, atoms in enumerate(frames):
+            atoms.info["w"] = 0.0 if index >= 30 else (2.0 if index == 0 else 1.0)
+        ase.io.write(tmp_path / "weighted.xyz", frames, format="extxyz")
+    expected = last_weights(alone, weighted_options(alone, {}))
+    options = weighted_options(zero, {"weight": 0.0})
+    if how == "per structure":  # one file, its last ten structures of weight 0
+        content = yaml.safe_load(options.read_text())
+        content["training_set"] = [{"systems": str(tmp_path / "weighted.xyz"), "weight_key": "w"}]
+        options.write_text(yaml.safe_dump(content))
+    if how == "section":
+        found = last_weights(zero, options)
+        for name, value in expected.items():  # to rounding: threads follow the load
+            assert torch.allclose(found[name], value, rtol=1e-9, atol=1e-12), name
+        assert "8 structures of weight 0 left out" in (zero / "run" / "train.log").read_text()
+    else:
+        log = train(zero, options, "--run-dir", zero / "run")
+        assert log.returncode == 0, log.stderr[-3000:]
+        assert "structures of weight 0 left out" in (zero / "run" / "train.log").read_text()
+    changed = last_weights(doubled, weighted_options(doubled, {"weight": 2.0}))
+    assert any(
+        not torch.allclose(changed[name], value, rtol=1e-6) for name, value in expected.items()
+    )
+
+
+def test_a_missing_per_structure_weight_is_named(tmp_path):
+    options = weighted_options(tmp_path, {"weight_key": "w"})
+    one_line_error(train(tmp_path, options, "--check"), "b.xyz, frame 0", "weight_key")

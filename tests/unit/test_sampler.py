@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from atomtrain.data.sampler import (
@@ -91,3 +92,32 @@ def test_fixed_size_plan_cuts_each_epoch_permutation():
     for epoch in range(2):
         expected = global_batches(epoch_order(50, 3, epoch).tolist(), 8)
         assert [list(batch) for batch in plan.batches(epoch)] == expected
+
+
+def test_epoch_fractions_give_each_part_its_share_every_epoch():
+    from atomtrain.data.sampler import BatchPlan
+
+    shares = ((0, 10, 2.0), (10, 20, 0.25), (30, 5, 1.0))
+    plan = BatchPlan(35, 4, seed=7, shares=shares)
+    assert plan.per_epoch == 20 + 5 + 5
+    assert plan.steps_per_epoch == 8
+    seen = []
+    for epoch in range(3):
+        order = np.concatenate([np.asarray(batch) for batch in plan.batches(epoch)])
+        assert len(order) == 30
+        counts = np.bincount(order, minlength=35)
+        assert (counts[:10] == 2).all() and (counts[30:] == 1).all()
+        assert counts[10:30].sum() == 5 and counts[10:30].max() == 1
+        seen.append(frozenset(np.nonzero(counts[10:30])[0]))
+        again = np.concatenate([np.asarray(batch) for batch in plan.batches(epoch)])
+        assert np.array_equal(order, again)  # the same order for any process asking
+    assert len(set(seen)) > 1  # another quarter each epoch
+
+
+def test_fractions_of_one_keep_the_plain_order():
+    from atomtrain.data.sampler import BatchPlan
+
+    plain = BatchPlan(12, 5, seed=3)
+    assert [list(b) for b in plain.batches(2)] == [
+        list(b) for b in BatchPlan(12, 5, seed=3, shares=()).batches(2)
+    ]

@@ -30,8 +30,10 @@ class Batch:
     # unknown, and then a mask of the known samples ([n_structures] or [n_atoms] bool)
     targets: dict[str, torch.Tensor] = field(default_factory=dict)
     target_masks: dict[str, torch.Tensor] = field(default_factory=dict)
+    atom_targets: tuple[str, ...] = ()  # the mtt:: targets given per atom
     # which of the model's energies each structure's is (energy variants), None: the first
     energy_variant: torch.Tensor | None = None  # [n_structures] long
+    weights: torch.Tensor | None = None  # [n_structures] float64 loss weights, None: all 1
 
     @property
     def n_structures(self) -> int:

@@ -76,6 +76,7 @@ class TargetKeys:
     require_energy: bool = True
     read_energy: bool = True  # False: the section has no energy target (mtt:: ones only)
     others: tuple[TargetSpec, ...] = ()  # mtt:: targets, read from every frame
+    weight: str | None = None  # a per-structure loss weight in each frame's info
 
 
 def _lookup(atoms: ase.Atoms, key: str, per_atom: bool):
@@ -206,6 +207,22 @@ class FrameReader:
         shape = (len(atoms), spec.width) if spec.per_atom else (spec.width,)
         return torch.from_numpy(np.ascontiguousarray(value.reshape(shape)))
 
+    def weight_of(self, index: int, atoms: ase.Atoms) -> float | None:
+        if self.keys.weight is None:
+            return None
+        value = _lookup(atoms, self.keys.weight, per_atom=False)
+        if value is None or value.size != 1:
+            found = "no" if value is None else f"{value.size} values for the"
+            raise self.fail(
+                index,
+                f"{found} weight under key '{self.keys.weight}' (weight_key); keys present: "
+                f"{_present_keys(atoms)}. Give every frame one number, or unset weight_key",
+            )
+        weight = float(value.reshape(()))
+        if not weight >= 0:
+            raise self.fail(index, f"weight '{self.keys.weight}' is {weight}: give 0 or more")
+        return weight
+
     def energy_of(self, index: int, atoms: ase.Atoms) -> float | None:
         if not self.keys.read_energy:
             return None
@@ -288,6 +305,7 @@ class FrameReader:
             targets={
                 spec.name: self.other_target_of(index, atoms, spec) for spec in self.keys.others
             },
+            weight=self.weight_of(index, atoms),
         )
 
 
@@ -305,6 +323,11 @@ def read_structures(
     if path.is_dir():  # metatrain's memory-mapped layout
         from .memmap import read_directory
 
+        if keys.weight is not None:
+            raise DataError(
+                f"{path}: per-structure weights (weight_key) cannot be read from a "
+                "memory-mapped directory yet; give the section a weight instead"
+            )
         if keys.others:
             raise DataError(
                 f"{path}: targets {[spec.name for spec in keys.others]} cannot be read from "

@@ -139,6 +139,7 @@ class Frames:
     # position in the model's list (set by whoever runs the model on it)
     energy_name: str = "energy"
     energy_variant: int = 0
+    weights: np.ndarray | None = None  # [n] loss weights, when not all 1
 
     def elements(self) -> set[int]:
         """The atomic numbers in this source, counted once, a chunk of atoms at a time."""
@@ -258,7 +259,11 @@ def frames_from_structures(source: str, structures: Sequence[Structure]) -> Fram
         ]
         values = np.concatenate(rows) if per_atom else np.stack(rows)
         targets[name] = TargetColumn(values.astype(np.float64), known, per_atom)
+    weights = None
+    if any(s.weight is not None for s in structures):
+        weights = np.array([1.0 if s.weight is None else s.weight for s in structures])
     return Frames(
+        weights=weights,
         targets=targets,
         source=source,
         offsets=offsets,
@@ -379,6 +384,14 @@ class FrameSet(Sequence):
                 result[where] = column.known[indices]
         return result
 
+    def weights(self) -> np.ndarray:
+        """Each structure's loss weight."""
+        result = np.ones(len(self), dtype=np.float64)
+        for frames, indices, where in self.by_part(np.arange(len(self))):
+            if frames.weights is not None:
+                result[where] = frames.weights[indices]
+        return result
+
     def energy_variants(self) -> np.ndarray:
         """Each structure's energy_variant (which of the model's energies it has)."""
         result = np.zeros(len(self), dtype=np.int64)
@@ -490,6 +503,17 @@ def collate_frames(located: list[tuple[Frames, int]], cutoff: float) -> Batch:
             dtype=torch.float64,
         )
     targets, target_masks = collate_targets(located, n_atoms)
+    atom_targets = tuple(
+        name
+        for name in targets
+        if any(name in f.targets and f.targets[name].per_atom for f, _ in located)
+    )
+    weights = None
+    if any(frames.weights is not None for frames, _ in located):
+        weights = torch.tensor(
+            [1.0 if f.weights is None else float(f.weights[i]) for f, i in located],
+            dtype=torch.float64,
+        )
     variants = [frames.energy_variant for frames, _ in located]
     energy_variant = torch.tensor(variants, dtype=torch.long) if any(variants) else None
     n_atoms_tensor = torch.from_numpy(n_atoms)
@@ -522,6 +546,8 @@ def collate_frames(located: list[tuple[Frames, int]], cutoff: float) -> Batch:
         targets=targets,
         target_masks=target_masks,
         energy_variant=energy_variant,
+        weights=weights,
+        atom_targets=atom_targets,
     )
 
 

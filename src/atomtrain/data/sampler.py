@@ -57,16 +57,44 @@ class BatchPlan:
     batch_size: int
     seed: int
     packed: list[list[int]] | None = None
+    # (first position, count, epoch fraction) of each part of the set, when some part is
+    # seen more or less than once an epoch
+    shares: tuple[tuple[int, int, float], ...] = ()
+
+    @property
+    def per_epoch(self) -> int:
+        """Structures an epoch holds."""
+        if not self.shares:
+            return self.n_structures
+        return sum(int(f) * n + round((f - int(f)) * n) for _, n, f in self.shares)
 
     @property
     def steps_per_epoch(self) -> int:
         if self.packed is not None:
             return len(self.packed)
-        return steps_per_epoch(self.n_structures, self.batch_size)
+        return steps_per_epoch(self.per_epoch, self.batch_size)
+
+    def sampled(self, epoch: int) -> np.ndarray:
+        """The structures of ``epoch`` before shuffling: each part whole as many times as
+        its fraction's integer part, and a subset of it (seeded by the seed and the
+        epoch) for the rest."""
+        generator = np.random.default_rng([self.seed, epoch, 0x5A3])
+        pool = []
+        for start, count, fraction in self.shares:
+            positions = np.arange(start, start + count)
+            pool += [positions] * int(fraction)
+            rest = round((fraction - int(fraction)) * count)
+            if rest:
+                pool.append(np.sort(generator.choice(positions, rest, replace=False)))
+        return np.concatenate(pool) if pool else np.zeros(0, dtype=np.int64)
 
     def batches(self, epoch: int) -> list[Sequence[int]]:
         if self.packed is None:
-            order = epoch_order(self.n_structures, self.seed, epoch)
+            if not self.shares:
+                order = epoch_order(self.n_structures, self.seed, epoch)
+            else:
+                pool = self.sampled(epoch)
+                order = pool[epoch_order(len(pool), self.seed, epoch)]
             return global_batches(order, self.batch_size)
         return [self.packed[i] for i in epoch_order(len(self.packed), self.seed, epoch)]
 

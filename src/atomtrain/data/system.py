@@ -52,6 +52,7 @@ class Structure:
     stress: torch.Tensor | None = None  # [3, 3]
     # mtt:: targets it has: [width] per structure, [n_atoms, width] per atom (float64)
     targets: dict[str, torch.Tensor] = field(default_factory=dict)
+    weight: float | None = None  # its loss weight, when the data gives one
 
     @property
     def n_atoms(self) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..data.extxyz import TargetKeys, Units, read_structures
 from ..data.frames import FrameSet
 from ..data.split import split_indices
@@ -33,6 +35,7 @@ def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetK
             require_energy=False,
             read_energy=False,
             others=others,
+            weight=dataset.weight_key,
         )
     forces_key, read_forces = _gradient_choice(energy.forces, "forces")
     stress_key, read_stress = _gradient_choice(energy.stress, "stress")
@@ -48,6 +51,7 @@ def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetK
         read_stress=read_stress,
         require_energy=require_energy,
         others=others,
+        weight=dataset.weight_key,
     )
 
 
@@ -68,6 +72,9 @@ def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> FrameS
     )
     for frames in structures.parts:
         frames.energy_name = dataset.targets.energy_name
+        if dataset.weight != 1.0:
+            given = frames.weights if frames.weights is not None else np.ones(len(frames))
+            frames.weights = given * dataset.weight
     return structures
 
 
@@ -82,6 +89,10 @@ class Datasets:
     # each part's structures file by file ("training", "validation", "test"), for
     # metrics per file
     files: dict[str, list[tuple[str, FrameSet]]]
+    # each training file's (first position in the training set, structures, epoch_fraction)
+    shares: tuple[tuple[int, int, float], ...] = ()
+    # training structures of weight 0, left out
+    left_out: int = 0
 
 
 def read_files(
@@ -138,12 +149,21 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         "test": [],
     }
     split: list[dict] = []
+    shares: list[tuple[int, int, float]] = []
+    start, left_out = 0, 0
     for position, dataset in enumerate(options.training_set):
         structures = read_dataset(dataset)
         indices = split_indices(len(structures), fractions, seed + position)
         record = dict(zip(files, indices))
         for part, chosen in record.items():
-            files[part].append((dataset.systems.read_from, structures.subset(chosen)))
+            chosen_set = structures.subset(chosen)
+            if part == "training":  # weight 0: validated and tested, not trained on
+                kept = np.nonzero(chosen_set.weights() > 0)[0]
+                left_out += len(chosen_set) - len(kept)
+                chosen_set = chosen_set.subset(kept) if len(kept) < len(chosen_set) else chosen_set
+                shares.append((start, len(chosen_set), dataset.epoch_fraction))
+                start += len(chosen_set)
+            files[part].append((dataset.systems.read_from, chosen_set))
         split.append({"file": dataset.systems.read_from, **record})
     for part, section in (("validation", options.validation_set), ("test", options.test_set)):
         if isinstance(section, list):
@@ -172,4 +192,6 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         test=joined["test"],
         split={part: split[0][part] for part in files} if len(split) == 1 else split,
         files=files,
+        shares=tuple(shares) if any(share[2] != 1.0 for share in shares) else (),
+        left_out=left_out,
     )

@@ -40,6 +40,20 @@ def known_only(difference: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     return difference * mask.reshape(-1, *[1] * (difference.dim() - 1)).to(difference.dtype)
 
 
+def weighted(terms: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Elementwise loss terms [rows, ...] times each row's weight (rows: structures, or
+    atoms with their structure's weight)."""
+    if weights is None:
+        return terms
+    return terms * weights.reshape(-1, *[1] * (terms.dim() - 1)).to(terms.dtype)
+
+
+def atom_weights(batch: Batch) -> torch.Tensor | None:
+    if batch.weights is None:
+        return None
+    return batch.weights.index_select(0, batch.system_index)
+
+
 def volume_per_atom(batch: Batch) -> torch.Tensor:
     """[structures, 1, 1]: turns a stress error into one of the virial per atom (eV/atom),
     which weighs like the energy per atom whatever the cell size (metatrain's convention
@@ -55,27 +69,33 @@ def batch_loss(
     options: LossOptions,
     counts: GlobalCounts,
 ) -> torch.Tensor:
-    """This rank's share of the global-batch loss: its error sums over global counts."""
+    """This rank's share of the global-batch loss: its error sums over global counts,
+    each structure's terms times its weight (``batch.weights``)."""
     weights = options.weights
+    per_structure, per_atom = batch.weights, atom_weights(batch)
+
+    def term(difference: torch.Tensor, row_weights: torch.Tensor | None) -> torch.Tensor:
+        terms = elementwise(options.type, difference, options.huber_delta)
+        return weighted(terms, row_weights).sum()
+
     loss = predictions["energy"].new_zeros(())
     if batch.energy is not None:
         difference = (predictions["energy"] - batch.energy) / batch.n_atoms
-        term = elementwise(options.type, difference, options.huber_delta).sum()
-        loss = loss + weights.energy * term / max(counts.structures, 1)
+        loss = loss + weights.energy * term(difference, per_structure) / max(counts.structures, 1)
     if batch.forces is not None and "forces" in predictions:
         difference = known_only(predictions["forces"] - batch.forces, batch.forces_mask)
-        term = elementwise(options.type, difference, options.huber_delta).sum()
-        loss = loss + weights.forces * term / max(counts.force_components, 1)
+        loss = loss + weights.forces * term(difference, per_atom) / max(counts.force_components, 1)
     if batch.stress is not None and "stress" in predictions:
         difference = (predictions["stress"] - batch.stress) * volume_per_atom(batch)
         difference = known_only(difference, batch.stress_mask)
-        term = elementwise(options.type, difference, options.huber_delta).sum()
-        loss = loss + weights.stress * term / max(counts.stress_components, 1)
+        loss = loss + weights.stress * term(difference, per_structure) / max(
+            counts.stress_components, 1
+        )
     for name, reference in batch.targets.items():
         if name not in predictions:
             continue
         difference = known_only(predictions[name] - reference, batch.target_masks.get(name))
-        term = elementwise(options.type, difference, options.huber_delta).sum()
+        rows = per_atom if name in batch.atom_targets else per_structure
         weight = options.target_weight(name)
-        loss = loss + weight * term / max(counts.target_values.get(name, 0), 1)
+        loss = loss + weight * term(difference, rows) / max(counts.target_values.get(name, 0), 1)
     return loss

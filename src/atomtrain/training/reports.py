@@ -21,6 +21,8 @@ def describe_data(datasets: Datasets) -> str:
         for name in training.target_columns()
     )
     energy = "energy" if training.gathered("energy_known").any() else "no energy"
+    if datasets.left_out:
+        others += f"; {datasets.left_out} structures of weight 0 left out of training"
     return (
         f"data: {len(training)} training, {len(datasets.validation)} validation, "
         f"{len(datasets.test)} test structures; targets: {energy}"

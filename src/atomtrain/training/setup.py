@@ -70,13 +70,31 @@ def data_facts(options: Options, training: FrameSet, context: Context) -> DataFa
 
 
 def batch_plan(
-    training: FrameSet, options: TrainingOptions, seed: int, context: Context
+    training: FrameSet,
+    options: TrainingOptions,
+    seed: int,
+    context: Context,
+    shares: tuple[tuple[int, int, float], ...] = (),
 ) -> BatchPlan:
-    """Fixed-size global batches, or batches packed by atom count (logged by rank 0,
-    since how many structures a step holds then depends on the data)."""
+    """Fixed-size global batches (of each epoch's share of every training file), or
+    batches packed by atom count (logged by rank 0, since how many structures a step
+    holds then depends on the data)."""
     limit = options.max_atoms_per_batch
     if limit is None:
-        return BatchPlan(len(training), options.batch_size, seed)
+        plan = BatchPlan(len(training), options.batch_size, seed, shares=shares)
+        if plan.per_epoch == 0:
+            raise OptionsError(
+                "training_set: the epoch_fraction of every section leaves no structure in an "
+                "epoch; raise one"
+            )
+        if shares:
+            logger.info(f"{plan.per_epoch} training structures an epoch (epoch_fraction)")
+        return plan
+    if shares:
+        raise OptionsError(
+            "training_set: epoch_fraction with architecture.training.max_atoms_per_batch is "
+            "not implemented yet; use batch_size, or leave epoch_fraction at 1"
+        )
     atom_counts = training.atom_counts.tolist()
     packed = pack_once(atom_counts, seed, limit, options.min_atoms_per_batch)
     if not packed:
@@ -247,5 +265,5 @@ def prepare(
         fit_target_baselines(model, training, context)
     assign_energy_variants(datasets, model.energy_names)
     model.trained_on = describe_training(datasets, starting_point(options))
-    plan = batch_plan(training, options.architecture.training, seed, context)
+    plan = batch_plan(training, options.architecture.training, seed, context, datasets.shares)
     return Prepared(datasets, model, plan)
