@@ -131,6 +131,14 @@ class FinetuneOptions(Strict):
     method: Literal["full"] = "full"
     """Which parameters are trained: "full", all of them (metatrain's name; the only
     method)."""
+    inherit_heads: dict[str, str] = {}
+    """Heads this run adds that start from one of the pretrained model's (metatrain's
+    key), {new target: pretrained target}: an mtt:: target from another of the same
+    type, an energy variant from another variant or from the energy, e.g.
+    {energy/r2scan: energy}. A variant started from the model's first energy learns
+    its difference to it (at the start both are equal); the others copy its weights.
+    Targets this run names that the model lacks get new heads; the model's heads this
+    run does not train are kept as they are."""
 
 
 class TrainingOptions(Strict):

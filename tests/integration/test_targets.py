@@ -458,3 +458,40 @@ def test_a_weight_of_zero_gives_the_model_trained_without_the_section(tmp_path, 
 def test_a_missing_per_structure_weight_is_named(tmp_path):
     options = weighted_options(tmp_path, {"weight_key": "w"})
     one_line_error(train(tmp_path, options, "--check"), "b.xyz, frame 0", "weight_key")
+
+
+def test_fine_tuning_adds_a_head_and_keeps_the_others(two_energies, tmp_path):
+    directory, run = two_energies
+    options = write_options(
+        tmp_path,
+        ETHANOL,
+        architecture__training__num_epochs=1,
+        architecture__training__finetune={
+            "read_from": str(run / "best.ckpt"),
+            "inherit_heads": {"energy/pbe_new": "energy"},
+        },
+    )
+    content = yaml.safe_load(options.read_text())
+    content["training_set"] = {
+        "systems": str(ETHANOL),
+        "targets": {"energy/pbe_new": {"key": "energy", "unit": "eV"}},
+    }
+    options.write_text(yaml.safe_dump(content))
+    result = train(tmp_path, options, "-o", tmp_path / "model.pt")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (finetuned,) = run_directories(tmp_path / "outputs")
+    assert (
+        "fine-tuning adds heads for energy/pbe_new (from energy)"
+        in (finetuned / "train.log").read_text()
+    )
+    model = model_from_checkpoint(load_checkpoint(finetuned / "best.ckpt"), best=True)
+    assert model.energy_names == ["energy", "energy/b3lyp", "energy/pbe_new"]
+    assert model.target_names == ["mtt::gap", "mtt::offset"]
+    found = run_exported(tmp_path / "model.pt", QM9, "mtt::gap")
+    assert found["outputs"] == [
+        "energy",
+        "energy/b3lyp",
+        "energy/pbe_new",
+        "mtt::gap",
+        "mtt::offset",
+    ]

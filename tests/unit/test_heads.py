@@ -274,3 +274,51 @@ def test_an_empty_share_of_a_batch_runs_through_every_head(architecture):
     for spec in SPECS:
         assert predictions[spec.name].shape == (0, spec.width)
     assert predictions["energy"].shape == (0,) and predictions["forces"].shape == (0, 3)
+
+
+def test_a_new_variant_inherited_from_the_energy_starts_equal_to_it():
+    """metatrain's inherit_heads {energy/r2scan: energy}: the new head learns the
+    difference to the energy, and starts at zero difference."""
+    from atomtrain.training.new_heads import extend_heads
+
+    model = model_with_heads()
+    added = extend_heads(model, SPECS, ["energy", "energy/r2scan"], {"energy/r2scan": "energy"})
+    assert added == {"energy/r2scan"} and model.variant_relative == [True]
+    positions = np.random.default_rng(6).normal(size=(9, 3)) * 1.2
+    batch = collate([molecule(positions)], model.cutoff).to("cpu", torch.float64)
+    main = predict(model, batch, True, False)
+    batch.energy_variant = torch.ones(1, dtype=torch.long)
+    variant = predict(model, batch, True, False)
+    assert torch.allclose(variant["energy"], main["energy"], rtol=1e-14)
+    assert torch.allclose(variant["forces"], main["forces"], rtol=1e-12, atol=1e-14)
+    # and it is a head of its own: changing it moves the variant only
+    torch.nn.init.normal_(model.variant_heads[0].network[-1].weight)
+    moved = predict(model, batch, True, False)
+    batch.energy_variant = None
+    assert not torch.allclose(moved["energy"], main["energy"])
+    assert torch.equal(predict(model, batch, True, False)["energy"], main["energy"])
+
+
+def test_a_new_target_inherited_from_another_copies_its_head():
+    from atomtrain.errors import OptionsError
+    from atomtrain.training.new_heads import extend_heads
+
+    model = model_with_heads()
+    dipole = TargetSpec("mtt::dipole_b3lyp", "d", "cartesian", rank=1)
+    before = model.heads[1].state_dict()  # mtt::vector
+    extend_heads(model, [*SPECS, dipole], ["energy"], {"mtt::dipole_b3lyp": "mtt::vector"})
+    assert model.target_names[-1] == "mtt::dipole_b3lyp"
+    for name, value in model.heads[-1].state_dict().items():
+        assert torch.equal(value, before[name]), name
+    for name, value in model.heads[1].state_dict().items():  # its own heads are kept
+        assert torch.equal(value, before[name]), name
+    with pytest.raises(OptionsError, match="differ in type"):
+        extend_heads(
+            model_with_heads(), [*SPECS, dipole], ["energy"], {"mtt::dipole_b3lyp": "mtt::scalar"}
+        )
+    with pytest.raises(OptionsError, match="has no target 'mtt::none'"):
+        extend_heads(
+            model_with_heads(), [*SPECS, dipole], ["energy"], {"mtt::dipole_b3lyp": "mtt::none"}
+        )
+    with pytest.raises(OptionsError, match="not a target this run adds"):
+        extend_heads(model_with_heads(), SPECS, ["energy"], {"mtt::vector": "mtt::scalar"})

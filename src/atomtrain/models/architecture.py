@@ -104,5 +104,5 @@ class Architecture:
         if targets is not None:
             specs = [TargetSpec.from_record(record) for record in targets["others"]]
             energies = targets.get("energies", ["energy"] if targets.get("energy") else [])
-            model.attach_targets(specs, energies)
+            model.attach_targets(specs, energies, targets.get("relative"))
         return model

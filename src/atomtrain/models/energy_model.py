@@ -72,15 +72,23 @@ class EnergyModel(torch.nn.Module):
         # "energy/<variant>") through a head of its own on the same features
         self.energy_names: list[str] = ["energy"]
         self.variant_heads = torch.nn.ModuleList()
+        # a variant that learns its difference to the first energy (fine-tuning's
+        # inherit_heads from it), per variant
+        self.variant_relative: list[bool] = []
 
     @torch.jit.unused
     def attach_targets(
-        self, specs: list[TargetSpec], energy_names: list[str] | tuple[str, ...] = ("energy",)
+        self,
+        specs: list[TargetSpec],
+        energy_names: list[str] | tuple[str, ...] = ("energy",),
+        relative: list[bool] | None = None,
     ) -> None:
         """Heads for ``specs`` (mtt:: targets) and for every energy after the first of
-        ``energy_names`` (its variants) on this model's features, recorded in its hypers
-        so that a checkpoint or an exported model builds them again."""
+        ``energy_names`` (its variants; ``relative``: which learn their difference to the
+        first) on this model's features, recorded in its hypers so that a checkpoint or
+        an exported model builds them again."""
         energy_names = list(energy_names)
+        self.variant_relative = list(relative or [False] * (len(energy_names) - 1))
         self.learns_energy = len(energy_names) > 0
         self.energy_names = energy_names
         self.target_names = [spec.name for spec in specs]
@@ -104,6 +112,7 @@ class EnergyModel(torch.nn.Module):
             **self.hypers,
             "targets": {
                 "energies": energy_names,
+                "relative": self.variant_relative,
                 "others": [spec.record() for spec in specs],
             },
         }
@@ -264,7 +273,10 @@ class EnergyModel(torch.nn.Module):
             main = atomic * self.scale + self.baseline.index_select(0, element_index)
             results[self.energy_names[0]] = main
         for index, head in enumerate(self.variant_heads):
-            results[self.energy_names[index + 1]] = head.energies(features, element_index)
+            variant = head.energies(features, element_index)
+            if self.variant_relative[index] and energies is not None:
+                variant = variant + results[self.energy_names[0]]
+            results[self.energy_names[index + 1]] = variant
         vectors, matrices = self.basis(
             edge_vectors.to(features.dtype), pair_first, pair_second, element_index, mirrored
         )
@@ -400,5 +412,8 @@ class EnergyModel(torch.nn.Module):
 # TorchScript types attributes by the class's annotations, which must be types, not the
 # strings postponed annotations leave: an empty list could not be typed otherwise
 EnergyModel.__annotations__.update(
-    target_names=list[str], per_atom_targets=list[bool], energy_names=list[str]
+    target_names=list[str],
+    per_atom_targets=list[bool],
+    energy_names=list[str],
+    variant_relative=list[bool],
 )

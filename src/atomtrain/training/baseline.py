@@ -212,10 +212,12 @@ def refit_energy_baseline(
     dtype: torch.dtype,
     variant: int = 0,
     name: str = "energy",
+    required: bool = False,
 ) -> bool:
-    """refit_baseline for one of the model's energies, on its structures."""
+    """refit_baseline for one of the model's energies, on its structures (``required``:
+    whatever the options say, as for a new head's start)."""
     training_options = options.architecture.training
-    if not training_options.refit_baseline or not len(training):
+    if not (training_options.refit_baseline or required) or not len(training):
         return False
     types = model.atomic_types
     fixed = {int(z) for z in training_options.atomic_baseline} if variant == 0 else set()
@@ -283,12 +285,17 @@ def target_rows(
     return counts, np.asarray(column.values[indices], dtype=np.float64)
 
 
-def fit_target_baselines(model: EnergyModel, training: FrameSet, context: Context) -> None:
+def fit_target_baselines(
+    model: EnergyModel, training: FrameSet, context: Context, only: set[str] | None = None
+) -> None:
     """Each mtt:: head's per-element baseline (of its o3_lambda 0 part, by least
     squares, as the energy's) and scale (the RMS of what the baseline leaves, per atom
-    and value), from every rank's share as sums: the same for any number of processes."""
+    and value), from every rank's share as sums: the same for any number of processes.
+    ``only``: the heads to fit (all by default)."""
     types = model.atomic_types
     for spec, head in zip(model.target_specs(), model.heads):
+        if only is not None and spec.name not in only:
+            continue
         n_sub = spec.num_subtargets
         gram = torch.zeros((len(types), len(types)), dtype=torch.float64)
         moment = torch.zeros((len(types), n_sub), dtype=torch.float64)

@@ -21,9 +21,17 @@ from ..models.architecture import DataFacts
 from ..models.energy_model import EnergyModel
 from ..options import FINETUNE_LEARNING_RATE, Options, TrainingOptions
 from ..targets import TargetSpec
-from .baseline import fit_baseline, fit_target_baselines, refit_undetermined_baseline
+from .baseline import (
+    by_energy,
+    fit_baseline,
+    fit_energy_baseline,
+    fit_target_baselines,
+    refit_energy_baseline,
+    refit_undetermined_baseline,
+)
 from .checkpoint import model_from_checkpoint
 from .datasets import Datasets, file_labels, load_datasets
+from .new_heads import extend_heads, heads_to_fit
 from .outputs import LOGGER_NAME
 from .reports import describe_data, describe_training
 from .work import average_neighbors
@@ -173,6 +181,30 @@ def training_targets(options: Options) -> tuple[list[TargetSpec], list[str]]:
     return list(specs.values()), energies
 
 
+def fit_added_heads(
+    model: EnergyModel,
+    training: FrameSet,
+    options: Options,
+    context: Context,
+    dtype: torch.dtype,
+    names: set[str],
+) -> None:
+    """The baselines and scales of the heads a fine-tuning run adds (``names``): an
+    energy's from its structures, or, for a variant that learns its difference to the
+    first energy, from what that energy leaves of them; an mtt:: target's from its
+    values."""
+    for position, name, structures in by_energy(training, model):
+        if name not in names:
+            continue
+        if position > 0 and model.variant_relative[position - 1]:
+            refit_energy_baseline(
+                model, structures, options, context, dtype, position, name, required=True
+            )
+        else:
+            fit_energy_baseline(model, structures, options, context, position, name)
+    fit_target_baselines(model, training, context, only=names)
+
+
 def assign_energy_variants(datasets: Datasets, energy_names: list[str]) -> None:
     """Tell every file's structures which of the model's energies theirs is; a file
     whose energy the model lacks is named."""
@@ -237,15 +269,12 @@ def prepare(
             )
         model = model_from_checkpoint(restart_state, best=False).set_precision(dtype)
     elif pretrained is not None:
-        if [spec.record() for spec in pretrained.target_specs()] != [
-            spec.record() for spec in specs
-        ] or pretrained.energy_names != energy_names:
-            raise OptionsError(
-                "fine-tuning to other targets than the pretrained model's is not implemented "
-                f"yet (it has {pretrained.hypers.get('targets', 'energy only')}); give the "
-                "same targets"
-            )
+        finetune = options.architecture.training.finetune
+        inherit = finetune.inherit_heads if finetune is not None else {}
+        pretrained_energy = pretrained.energy_names[:1]
+        added = extend_heads(pretrained, specs, energy_names, inherit)
         model = pretrained.set_precision(dtype)
+        assign_energy_variants(datasets, model.energy_names)
         training_options = options.architecture.training
         logger.info(
             f"fine-tuning the best model of {starting_point(options)} (all "
@@ -253,8 +282,12 @@ def prepare(
             f"default when unset: {FINETUNE_LEARNING_RATE:g}); its per-element energy "
             "baseline and target scale are kept"
         )
-        if energy_names == ["energy"]:
-            refit_undetermined_baseline(model, training, context)
+        if pretrained_energy and pretrained_energy[0] in energy_names:
+            main = by_energy(training, model)[0][2]
+            refit_undetermined_baseline(model, main, context)
+        fit_added_heads(
+            model, training, options, context, dtype, heads_to_fit(model, added, inherit)
+        )
     else:
         model = build_model(options, data_facts(options, training, context))
         if specs or energy_names != ["energy"]:
