@@ -495,3 +495,35 @@ def test_fine_tuning_adds_a_head_and_keeps_the_others(two_energies, tmp_path):
         "mtt::gap",
         "mtt::offset",
     ]
+
+
+def test_a_target_reads_the_same_from_a_file_and_from_a_directory(tmp_path):
+    """A float64 model with an extra target is the same trained from an extended XYZ
+    file and from its memory-mapped directory (metatrain's layout: <key>.bin, and
+    atomtrain's float64 copy beside it)."""
+    frames = ase.io.read(ETHANOL, ":")
+    vectors = np.stack([(a.positions - a.positions.mean(0)).T @ a.numbers for a in frames])
+    for atoms, vector in zip(frames, vectors):
+        atoms.info["dipole"] = vector
+    data = tmp_path / "ethanol_dipole.xyz"
+    ase.io.write(data, frames, format="extxyz")
+    directory = tmp_path / "ethanol_dipole"
+    assert main(["convert", str(ETHANOL), "-o", str(directory), "--float64"]) == 0
+    vectors.reshape(-1, 3, 1).astype(np.float32).tofile(directory / "dipole.bin")
+    vectors.reshape(-1, 3, 1).astype(np.float64).tofile(directory / "atomtrain_dipole64.bin")
+    target = {"key": "dipole", "unit": "e*angstrom", "type": {"cartesian": {"rank": 1}}}
+    weights = []
+    for name, source in (("file", data), ("directory", directory)):
+        run = tmp_path / name
+        run.mkdir()
+        options = write_options(run, source, architecture__training__num_epochs=2)
+        content = yaml.safe_load(options.read_text())
+        content["training_set"]["targets"] = {"energy": {}, "mtt::dipole": target}
+        options.write_text(yaml.safe_dump(content))
+        weights.append(last_weights(run, options))
+    for name, value in weights[0].items():
+        assert torch.allclose(weights[1][name], value, rtol=1e-10, atol=1e-12), name
+    assert any(name.startswith("heads.0.") for name in weights[0])
+    (directory / "dipole.bin").unlink()
+    (directory / "atomtrain_dipole64.bin").unlink()
+    one_line_error(train(tmp_path / "directory", options, "--check"), "no dipole.bin")

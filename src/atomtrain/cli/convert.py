@@ -72,8 +72,9 @@ def run(arguments: argparse.Namespace) -> int:
     for section in sections:
         if section.targets.others:
             raise OptionsError(
-                f"{section.systems.read_from}: targets {list(section.targets.others)} cannot "
-                "be converted into a memory-mapped directory yet; train on the file itself"
+                f"{section.systems.read_from}: atomtrain convert writes energies, forces and "
+                f"stress, not yet {list(section.targets.others)}; train on the file itself, "
+                "or add each target's <key>.bin (metatrain's layout) to the directory"
             )
     sources = [
         Source(

@@ -328,12 +328,6 @@ def read_structures(
                 f"{path}: per-structure weights (weight_key) cannot be read from a "
                 "memory-mapped directory yet; give the section a weight instead"
             )
-        if keys.others:
-            raise DataError(
-                f"{path}: targets {[spec.name for spec in keys.others]} cannot be read from "
-                "a memory-mapped directory yet; give the extended XYZ file it was "
-                "converted from"
-            )
 
         return read_directory(path, keys, units or Units())
     reader = FrameReader(path, keys, units or Units())

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import DataError
 from .convert import PAIRS_PREFIX, check_manifest
 from .extxyz import SUSPECT_DISTANCE, FrameReader, TargetKeys, Units
-from .frames import Frames, FrameSet, cache_mapped_sources
+from .frames import Frames, FrameSet, TargetColumn, cache_mapped_sources
 
 REQUIRED = ("ns.npy", "na.npy", "x.bin", "a.bin")
 
@@ -143,6 +143,7 @@ def open_directory(path: Path, keys: TargetKeys, units: Units) -> tuple[Frames, 
         index = int(np.argmin(known[:, 0]))
         raise reader.fail(index, f"no energy ({keys.energy}.bin marks it unknown)")
     frames = Frames(
+        targets=other_targets(data, keys),
         source=str(path),
         offsets=data.offsets,
         positions=data.positions,
@@ -163,6 +164,22 @@ def open_directory(path: Path, keys: TargetKeys, units: Units) -> tuple[Frames, 
         cache_neighbors=cache_mapped_sources(),
     )
     return frames, reader
+
+
+def other_targets(data: MemmapDirectory, keys: TargetKeys) -> dict[str, TargetColumn]:
+    """The mtt:: targets of a directory: ``<key>.bin``, float32 (ns or na, *components,
+    subtargets) as metatrain writes them, every structure's known."""
+    columns = {}
+    for spec in keys.others:
+        values = data.target(spec.key, spec.per_atom, (spec.width,))
+        if values is None:
+            raise DataError(
+                f"{data.path}: no {spec.key}.bin for target {spec.name}; set the target's "
+                "'key' to the name of the file holding it"
+            )
+        known = np.ones(data.count, dtype=bool)
+        columns[spec.name] = TargetColumn(values, known, spec.per_atom)
+    return columns
 
 
 def check_frames(
@@ -186,6 +203,15 @@ def check_frames(
         per_structure.append((f"energy ({keys.energy}.bin)", frames.energy))
     if frames.stress is not None:
         per_structure.append((f"stress ({keys.stress}.bin)", frames.stress))
+    for name, column in frames.targets.items():
+        if column.per_atom:
+            per_atom_rows = column.values[first_atom:last_atom]
+            row = first_non_finite(per_atom_rows)
+            if row is not None:
+                index = int(np.searchsorted(frames.offsets, first_atom + row, side="right")) - 1
+                raise reader.fail(index, f"target {name} contains NaN or infinite values")
+        else:
+            per_structure.append((f"target {name}", column.values))
     for name, values in per_structure:
         index = first_non_finite(values[start:stop])
         if index is not None:
