@@ -5,6 +5,7 @@ mid-epoch resume give the one-process model, and bad targets get one line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -77,7 +78,8 @@ def polarisability_run(tmp_path_factory, request):
     directory = tmp_path_factory.mktemp("polarisability")
     options = metatrain_options(directory, QM7X, {"mtt::polarizability": POLARISABILITY})
     if request.param == "mace":
-        pytest.importorskip("mace")
+        if importlib.util.find_spec("mace") is None:  # importing mace sets a torch variable
+            pytest.skip("mace-torch is not installed")
         content = yaml.safe_load(options.read_text())
         content["architecture"] = SMALL_MACE
         options.write_text(yaml.safe_dump(content))
