@@ -52,6 +52,14 @@ def train(directory, options, *extra):
     return result
 
 
+def train_and_export(directory, options):
+    """Train in ``directory`` with ``-o model.pt``; the run's directory."""
+    result = train(directory, options, "-o", directory / "model.pt")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_directories(directory / "outputs")
+    return run
+
+
 def metatrain_options(directory, data, targets, **changes):
     """An options file as metatrain users write it: targets beside each other under
     the data set's targets, with atomtrain's small test model."""
@@ -83,10 +91,7 @@ def polarisability_run(tmp_path_factory, request):
         content = yaml.safe_load(options.read_text())
         content["architecture"] = SMALL_MACE
         options.write_text(yaml.safe_dump(content))
-    result = train(directory, options, "-o", directory / "model.pt")
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run,) = run_directories(directory / "outputs")
-    return directory, run
+    return directory, train_and_export(directory, options)
 
 
 EXPORTED = """
@@ -323,10 +328,7 @@ def test_bad_targets_get_one_line(tmp_path, target, parts):
 def two_energies(tmp_path_factory):
     directory = tmp_path_factory.mktemp("variants")
     options = mixed_options(directory, architecture__training__num_epochs=2)
-    result = train(directory, options, "-o", directory / "model.pt")
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run,) = run_directories(directory / "outputs")
-    return directory, run
+    return directory, train_and_export(directory, options)
 
 
 VARIANTS = """

@@ -71,6 +71,8 @@ def force_spread(structures: FrameSet, context: Context) -> torch.Tensor:
 def by_energy(training: FrameSet, model: EnergyModel) -> list[tuple[int, str, FrameSet]]:
     """(position, name, structures) of each energy the model learns: the training
     structures whose energy is that one."""
+    if len(model.energy_names) == 1:  # one energy: the set itself, no index copies
+        return [(0, model.energy_names[0], training)]
     variants = training.energy_variants()
     return [
         (position, name, training.subset(np.nonzero(variants == position)[0]))

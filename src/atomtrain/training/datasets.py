@@ -157,10 +157,12 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         record = dict(zip(files, indices))
         for part, chosen in record.items():
             chosen_set = structures.subset(chosen)
-            if part == "training":  # weight 0: validated and tested, not trained on
+            weighted = any(frames.weights is not None for frames in chosen_set.parts)
+            if part == "training" and weighted:  # weight 0: validated, not trained on
                 kept = np.nonzero(chosen_set.weights() > 0)[0]
                 left_out += len(chosen_set) - len(kept)
                 chosen_set = chosen_set.subset(kept) if len(kept) < len(chosen_set) else chosen_set
+            if part == "training":
                 shares.append((start, len(chosen_set), dataset.epoch_fraction))
                 start += len(chosen_set)
             files[part].append((dataset.systems.read_from, chosen_set))
