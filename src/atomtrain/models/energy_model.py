@@ -277,6 +277,8 @@ class EnergyModel(torch.nn.Module):
             if self.variant_relative[index] and energies is not None:
                 variant = variant + results[self.energy_names[0]]
             results[self.energy_names[index + 1]] = variant
+        if len(self.heads) == 0:  # energies only (variants): no geometry basis
+            return results
         vectors, matrices = self.basis(
             edge_vectors.to(features.dtype), pair_first, pair_second, element_index, mirrored
         )
