@@ -140,7 +140,7 @@ class EnergyModel(torch.nn.Module):
     def heads_to(self, dtype: torch.dtype) -> None:
         """The heads' networks in ``dtype``; their baselines and scales stay float64."""
         for head in [*self.heads, *self.variant_heads]:
-            head.network.to(dtype)
+            head.networks_to(dtype)
 
     @torch.jit.unused
     def feature_width(self) -> int:

@@ -29,7 +29,7 @@ import torch
 from ..targets import TargetSpec
 
 RADIAL_FUNCTIONS = 4
-HIDDEN_WIDTH = 64
+HIDDEN_WIDTH = 32
 
 
 class NeighborBasis(torch.nn.Module):
@@ -161,8 +161,12 @@ class TargetHead(torch.nn.Module):
         self.n_types = n_types
         sizes = [coefficients_of(a, b, channels) * spec.num_subtargets for a, b in self.blocks]
         self.sizes = sizes
+        # the first layer takes the features and, as a learnt vector per element, the
+        # element (a concatenated one-hot would copy the features at every call)
+        self.first = torch.nn.Linear(n_features, HIDDEN_WIDTH)
+        self.element = torch.nn.Embedding(n_types, HIDDEN_WIDTH)
+        torch.nn.init.zeros_(self.element.weight)
         self.network = torch.nn.Sequential(
-            torch.nn.Linear(n_features + n_types, HIDDEN_WIDTH),
             torch.nn.SiLU(),
             torch.nn.Linear(HIDDEN_WIDTH, HIDDEN_WIDTH),
             torch.nn.SiLU(),
@@ -188,8 +192,7 @@ class TargetHead(torch.nn.Module):
         matrices: torch.Tensor,
     ) -> torch.Tensor:
         n_atoms = features.shape[0]
-        one_hot = torch.nn.functional.one_hot(element_index, self.n_types).to(features.dtype)
-        coefficients = self.network(torch.cat([features, one_hot], dim=1)).to(vectors.dtype)
+        coefficients = self.coefficients(features, element_index).to(vectors.dtype)
         s = self.subtargets
         k = self.channels
         made: list[torch.Tensor] = []  # each block [atoms, 2 lambda + 1, s]
@@ -223,11 +226,21 @@ class TargetHead(torch.nn.Module):
             made.append(block * self.scale.to(block.dtype))
         return self.layout(made).reshape(n_atoms, self.width)
 
+    def coefficients(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
+        """The network's invariant outputs for each atom."""
+        hidden = self.first(features) + self.element(element_index)
+        return self.network(hidden)
+
+    @torch.jit.unused
+    def networks_to(self, dtype: torch.dtype) -> None:
+        """Its layers in ``dtype``; its baseline and scale stay float64."""
+        for module in (self.first, self.element, self.network):
+            module.to(dtype)
+
     def energies(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
         """As an energy variant's head: each atom's energy [atoms] in float64 (its scale
         and per-element baseline applied in float64: total energies can be large)."""
-        one_hot = torch.nn.functional.one_hot(element_index, self.n_types).to(features.dtype)
-        raw = self.network(torch.cat([features, one_hot], dim=1))[:, 0].to(torch.float64)
+        raw = self.coefficients(features, element_index)[:, 0].to(torch.float64)
         return raw * self.scale + self.baseline[:, 0].index_select(0, element_index)
 
     def layout(self, made: list[torch.Tensor]) -> torch.Tensor:
