@@ -293,6 +293,11 @@ def test_two_processes_and_a_mid_epoch_resume_give_the_one_process_model(tmp_pat
             assert difference <= 1e-8 * value.abs().max().clamp_min(1e-12), name
     log = (resumed_dir / "run" / "train.log").read_text()
     assert "mtt::gap RMSE" in log and "mtt::offset RMSE" in log
+    import matplotlib.image
+
+    # energy per atom, energy, forces, mtt::gap, mtt::offset: two rows of three panels
+    curves = matplotlib.image.imread(resumed_dir / "run" / "learning_curves.png")
+    assert curves.shape[:2] == (700, 1350)
 
 
 def one_line_error(result, *parts):

@@ -142,8 +142,9 @@ PANELS_PER_ROW = 3
 
 
 def plot_learning_curves(csv_path: Path, png_path: Path) -> None:
-    """Train and validation RMSE of each target against epochs, in meV units, at most
-    three panels a row."""
+    """Train and validation RMSE of each target against epochs (energies, forces and
+    stress in meV units, mtt:: targets in their files' units), at most three panels a
+    row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,23 +156,27 @@ def plot_learning_curves(csv_path: Path, png_path: Path) -> None:
         return
     epochs = [int(row["epoch"]) for row in rows]
     # the whole sets' RMSE curves (not each file's share, which train.csv also holds)
+    labels = dict(CURVE_LABELS)
+    for column in rows[0]:  # mtt:: targets, in the units of their files
+        name = column.removeprefix("train_").removeprefix("validation_")
+        if name.startswith("mtt::") and name.endswith("_rmse"):
+            labels[name] = (f"{name.removesuffix('_rmse')} RMSE", "")
     targets = [
-        target
-        for target in CURVE_LABELS
-        if {f"train_{target}", f"validation_{target}"} & set(rows[0])
+        target for target in labels if {f"train_{target}", f"validation_{target}"} & set(rows[0])
     ]
     count = max(len(targets), 1)
     columns = min(count, PANELS_PER_ROW)
     lines = -(-count // columns)
     figure, axes = plt.subplots(lines, columns, figsize=(4.5 * columns, 3.5 * lines), squeeze=False)
     for axis, target in zip(axes.flat, targets):
-        name, unit = CURVE_LABELS[target]
+        name, unit = labels[target]
+        factor = 1e3 if unit else 1.0  # eV to meV; mtt:: targets as their files give them
         for split in ("train", "validation"):
             column = f"{split}_{target}"
             if column in rows[0] and rows[0][column] != "":
-                axis.plot(epochs, [1e3 * float(row[column]) for row in rows], label=split)
+                axis.plot(epochs, [factor * float(row[column]) for row in rows], label=split)
         axis.set_xlabel("epoch")
-        axis.set_ylabel(f"{name} ({unit})")
+        axis.set_ylabel(f"{name} ({unit})" if unit else name)
         axis.set_yscale("log")
         axis.legend()
     for axis in list(axes.flat)[len(targets) :]:
