@@ -97,7 +97,10 @@ def metrics_table(
     width = max(12, *(len(name) + 2 for name in results))
     cell = max(14, *(len(label) + 2 for _, label, _ in present))
     header = f"{'set':<{width}}" + "".join(f"{label:>{cell}}" for _, label, _ in present)
-    lines = [f"{title} (meV, meV/atom, meV/A, meV/A^3):", header]
+    units = "meV, meV/atom, meV/A, meV/A^3" + (
+        "; mtt:: targets in their files' units" if others else ""
+    )
+    lines = [f"{title} ({units}):", header]
     for name, metrics in results.items():
         cells = "".join(
             f"{metrics[key] * factor:>{cell}.4f}" if key in metrics else f"{'-':>{cell}}"
