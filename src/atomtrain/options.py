@@ -59,21 +59,29 @@ def _loss_from_metatrain(spec: dict) -> dict:
         if name not in gradient_names:
             raise ValueError(f"loss on the '{name}' gradient: only positions and strain")
         parts[gradient_names[name]] = {"type": part} if isinstance(part, str) else part
-    types = {part.get("type", "mse") for part in parts.values()}
-    if len(types) > 1:
-        raise ValueError(f"atomtrain uses one loss type for all targets, got {sorted(types)}")
     for part in parts.values():
         if part.get("reduction", "mean") != "mean":
             raise ValueError("only the 'mean' reduction is implemented")
-    weights = {target: part.get("weight", 1.0) for target, part in parts.items()}
+    energy_parts = {k: v for k, v in parts.items() if not is_other_target(k)}
+    others = {k: v for k, v in parts.items() if is_other_target(k)}
+    types = {part.get("type", "mse") for part in energy_parts.values()}
+    if len(types) > 1:
+        raise ValueError(
+            f"atomtrain uses one loss type for the energy, forces and stress, got {sorted(types)}"
+        )
     options: dict[str, Any] = {
         "type": types.pop(),
-        "weights": {k: v for k, v in weights.items() if not is_other_target(k)},
-        "target_weights": {k: v for k, v in weights.items() if is_other_target(k)},
+        "weights": {k: v.get("weight", 1.0) for k, v in energy_parts.items()},
+        "target_weights": {k: v.get("weight", 1.0) for k, v in others.items()},
+        "target_types": {k: v["type"] for k, v in others.items() if "type" in v},
+        "target_deltas": {k: v["delta"] for k, v in others.items() if "delta" in v},
     }
-    deltas = {part["delta"] for part in parts.values() if "delta" in part}
+    deltas = {part["delta"] for part in energy_parts.values() if "delta" in part}
     if len(deltas) > 1:
-        raise ValueError(f"atomtrain uses one Huber delta for all targets, got {sorted(deltas)}")
+        raise ValueError(
+            "atomtrain uses one Huber delta for the energy, forces and stress, got "
+            f"{sorted(deltas)}"
+        )
     if deltas:
         options["huber_delta"] = deltas.pop()
     return options
@@ -116,8 +124,21 @@ class LossOptions(Strict):
                 }
         return value
 
+    target_types: dict[str, Literal["mse", "mae", "huber"]] = {}
+    """The loss of each mtt:: target, by name (``type`` for those not listed); metatrain's
+    per-target ``loss: {mtt::x: {type: mae}}`` sets it."""
+    target_deltas: dict[str, Annotated[float, Field(gt=0)]] = {}
+    """The Huber threshold of each mtt:: target, by name (``huber_delta`` for those not
+    listed), in the target's units."""
+
     def target_weight(self, name: str) -> float:
         return float(self.target_weights.get(name, 1.0))
+
+    def target_loss(self, name: str) -> tuple[str, float]:
+        """(loss type, Huber threshold) of an mtt:: target."""
+        return self.target_types.get(name, self.type), self.target_deltas.get(
+            name, self.huber_delta
+        )
 
 
 FINETUNE_LEARNING_RATE = 1e-4

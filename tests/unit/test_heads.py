@@ -325,3 +325,28 @@ def test_a_new_target_inherited_from_another_copies_its_head():
         )
     with pytest.raises(OptionsError, match="not a target this run adds"):
         extend_heads(model_with_heads(), SPECS, ["energy"], {"mtt::vector": "mtt::scalar"})
+
+
+def test_a_target_may_have_a_loss_of_its_own():
+    """metatrain's per-target loss: {mtt::x: {type: mae, weight: 3}}."""
+    from atomtrain.options import parse_options
+
+    options = parse_options(
+        {
+            "training_set": "data.xyz",
+            "architecture": {
+                "training": {"loss": {"energy": "mse", "mtt::vector": {"type": "mae", "weight": 3}}}
+            },
+        }
+    )
+    loss_options = options.architecture.training.loss
+    assert loss_options.target_loss("mtt::vector") == ("mae", 1.0)
+    model = model_with_heads()
+    positions = np.random.default_rng(7).normal(size=(9, 3)) * 1.2
+    batch = collate([molecule(positions)], model.cutoff).to("cpu", torch.float64)
+    predictions = predict(model, batch, False, False)
+    batch.energy = None
+    batch.targets = {"mtt::vector": torch.zeros(1, 3, dtype=torch.float64)}
+    counts = GlobalCounts(1, 0, 0, {"mtt::vector": 3})
+    loss = batch_loss(predictions, batch, loss_options, counts)
+    assert torch.allclose(loss, 3 * predictions["mtt::vector"].abs().sum() / 3)

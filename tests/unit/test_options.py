@@ -138,7 +138,7 @@ def test_metatrain_loss_weights_and_types_are_mapped():
         (
             "architecture__training__loss",
             {"energy": {"type": "mse", "gradients": {"positions": "mae"}}},
-            "one loss type for all targets, got ['mae', 'mse']",
+            "one loss type for the energy, forces and stress, got ['mae', 'mse']",
         ),
         (
             "architecture__training__loss",

@@ -74,9 +74,13 @@ def batch_loss(
     weights = options.weights
     per_structure, per_atom = batch.weights, atom_weights(batch)
 
-    def term(difference: torch.Tensor, row_weights: torch.Tensor | None) -> torch.Tensor:
-        terms = elementwise(options.type, difference, options.huber_delta)
-        return weighted(terms, row_weights).sum()
+    def term(
+        difference: torch.Tensor,
+        row_weights: torch.Tensor | None,
+        kind: str = options.type,
+        delta: float = options.huber_delta,
+    ) -> torch.Tensor:
+        return weighted(elementwise(kind, difference, delta), row_weights).sum()
 
     loss = predictions["energy"].new_zeros(())
     if batch.energy is not None:
@@ -97,5 +101,7 @@ def batch_loss(
         difference = known_only(predictions[name] - reference, batch.target_masks.get(name))
         rows = per_atom if name in batch.atom_targets else per_structure
         weight = options.target_weight(name)
-        loss = loss + weight * term(difference, rows) / max(counts.target_values.get(name, 0), 1)
+        kind, delta = options.target_loss(name)
+        total = term(difference, rows, kind, delta)
+        loss = loss + weight * total / max(counts.target_values.get(name, 0), 1)
     return loss
