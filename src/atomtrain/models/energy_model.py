@@ -133,10 +133,6 @@ class EnergyModel(torch.nn.Module):
         return [TargetSpec.from_record(record) for record in records]
 
     @torch.jit.unused
-    def has_heads(self) -> bool:
-        return len(self.heads) > 0 or len(self.variant_heads) > 0 or not self.learns_energy
-
-    @torch.jit.unused
     def heads_to(self, dtype: torch.dtype) -> None:
         """The heads' networks in ``dtype``; their baselines and scales stay float64."""
         for head in [*self.heads, *self.variant_heads]:
@@ -384,12 +380,13 @@ class EnergyModel(torch.nn.Module):
                     values = total.index_add(0, system_index, values)
                 results[spec_name] = values
             energy = torch.zeros(n_structures, dtype=torch.float64, device=positions.device)
-            totals: list[torch.Tensor] = []
-            for name in self.energy_names:
-                totals.append(energy.index_add(0, system_index, atomic[name]))
-            if len(totals) > 0:
+            # the first energy's totals, or, when structures name their variants, each
+            # energy's, from which every structure takes its own
+            used = self.energy_names if energy_variant is not None else self.energy_names[:1]
+            totals = [energy.index_add(0, system_index, atomic[name]) for name in used]
+            if len(totals) == 1:
                 energy = totals[0]
-            if len(totals) > 1 and energy_variant is not None:
+            elif len(totals) > 1 and energy_variant is not None:
                 energy = torch.stack(totals).gather(0, energy_variant.unsqueeze(0)).squeeze(0)
         results["energy"] = energy
         if len(inputs) == 0 or not self.learns_energy:
