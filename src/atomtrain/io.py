@@ -137,7 +137,11 @@ def atomic_save_with_directory(
 
 def merge_directory(source: Path, destination: Path) -> None:
     """Move every file under ``source`` to the same place under ``destination``,
-    replacing files of the same name and leaving the others."""
+    replacing files of the same name and leaving the others. ``destination`` exists
+    afterwards, empty when ``source`` held nothing: engines and the MD examples look for
+    a model's extensions directory beside it (a MACE model needs none, and its export
+    once left none, so that examples/md refused to run it)."""
+    destination.mkdir(parents=True, exist_ok=True)
     if not source.is_dir():
         return
     for file in sorted(source.rglob("*")):
