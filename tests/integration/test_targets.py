@@ -321,6 +321,10 @@ def one_line_error(result, *parts):
             ["frame 0", "has shape (9,), expected (3, 1)"],
         ),
         ({"key": "alpha"}, ["frame 0: no 'alpha'", "keys present: polarizability"]),
+        (
+            {"key": "polarizability", "per_atom": True},
+            ["no 'polarizability' in the frame's per-atom arrays", "set per_atom: false"],
+        ),
     ],
 )
 def test_bad_targets_get_one_line(tmp_path, target, parts):

@@ -189,10 +189,15 @@ class FrameReader:
         value = _lookup(atoms, spec.key, per_atom=spec.per_atom)
         where = "per-atom arrays" if spec.per_atom else "info"
         if value is None:
+            elsewhere = _lookup(atoms, spec.key, per_atom=not spec.per_atom) is not None
+            hint = (
+                f"it is in the frame's {'info' if spec.per_atom else 'per-atom arrays'}: set "
+                f"per_atom: {str(not spec.per_atom).lower()}"
+                if elsewhere
+                else f"keys present: {_present_keys(atoms)}. Set the target's 'key' to one of them"
+            )
             raise self.fail(
-                index,
-                f"no '{spec.key}' in the frame's {where} for target {spec.name}; keys present: "
-                f"{_present_keys(atoms)}. Set the target's 'key' to one of them",
+                index, f"no '{spec.key}' in the frame's {where} for {spec.name}; {hint}"
             )
         expected = ((len(atoms),) if spec.per_atom else ()) + spec.shape_in_file()
         if value.size != int(np.prod(expected)):
