@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 from pathlib import Path
 
@@ -53,6 +54,17 @@ def md_arguments(description: str) -> argparse.Namespace:
         if not path.exists():
             print(f"{path}: {what}", file=sys.stderr)
             sys.exit(2)
+    # the results are written after the last step: an unusable --output is said first
+    if not arguments.output.is_dir():
+        print(
+            f"{arguments.output}: output directory not found; create it (mkdir -p "
+            f"{arguments.output}) or give another --output",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    if not os.access(arguments.output, os.W_OK):
+        print(f"{arguments.output}: output directory is not writable", file=sys.stderr)
+        sys.exit(2)
     return arguments
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import torch
@@ -11,7 +12,8 @@ from ase.calculators.calculator import all_changes
 
 from .data.neighbors import compute_neighbor_list
 from .errors import AtomtrainError
-from .models.export import HYPERS_FILE, learnt_targets, load_exported
+from .models.composition import composition_counts, outside_span, undetermined_note
+from .models.export import BASELINE_SPAN_FILE, HYPERS_FILE, learnt_targets, load_exported
 from .targets import TargetSpec
 
 
@@ -43,12 +45,18 @@ class Calculator(AseCalculator):
         if threads is not None:
             torch.set_num_threads(threads)
         self.device = torch.device(device)
-        stored = {HYPERS_FILE: ""}
+        stored = {HYPERS_FILE: "", BASELINE_SPAN_FILE: ""}
         self.model = load_exported(model_path, self.device, stored)
         records = json.loads(stored[HYPERS_FILE] or "{}").get("targets", {}).get("others", [])
         self.dtype = next(self.model.parameters()).dtype
         self.cutoff = float(self.model.cutoff)
         self.atomic_types = set(int(z) for z in self.model.atomic_types)
+        span = json.loads(stored[BASELINE_SPAN_FILE] or "null")
+        types = sorted(self.atomic_types)
+        # the compositions whose energies the training data determined; None: all
+        self.span = None
+        if span is not None and len(span) < len(types):
+            self.span = torch.tensor(span, dtype=torch.float64).reshape(-1, len(types))
         energies, self.targets = learnt_targets(self.model)
         self.learns_energy = len(energies) > 0
         self.energy_variant = chosen_energy(energies, variant, model_path)
@@ -69,6 +77,7 @@ class Calculator(AseCalculator):
                 f"the model was not trained on atomic numbers {unknown}; it knows "
                 f"{sorted(self.atomic_types)}"
             )
+        self.warn_if_undetermined(atoms.numbers)
         pbc = np.asarray(atoms.pbc, dtype=bool)
         first, second, shifts = compute_neighbor_list(
             atoms.positions, atoms.cell.array, pbc, self.cutoff
@@ -109,6 +118,21 @@ class Calculator(AseCalculator):
         if compute_stress:
             stress = outputs["stress"].detach().cpu().numpy()[0].astype(np.float64)
             self.results["stress"] = stress.reshape(9)[[0, 4, 8, 5, 2, 1]]
+
+    def warn_if_undetermined(self, numbers: np.ndarray) -> None:
+        """Warn once per calculator at a composition whose per-element energies the
+        training data left undetermined."""
+        if self.span is None:
+            return
+        counts = composition_counts(
+            torch.as_tensor(numbers, dtype=torch.long),
+            torch.zeros(len(numbers), dtype=torch.long),
+            1,
+            sorted(self.atomic_types),
+        )
+        if bool(outside_span(self.span, counts)[0]):
+            warnings.warn(undetermined_note("this structure has"), stacklevel=3)
+            self.span = None  # once
 
 
 def chosen_energy(energies: list[str], variant: str | None, model_path: str) -> int:

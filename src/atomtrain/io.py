@@ -178,15 +178,16 @@ def output_error(path: Path, what: str, error: OSError) -> OutputError:
     )
 
 
-def check_writable_directory(directory: Path, what: str) -> None:
+def check_writable_directory(directory: Path, hint: str) -> None:
     """Fail before any work when ``directory`` (or the nearest existing parent it would
-    be created in) cannot be written to."""
+    be created in) cannot be written to; ``hint`` says what to do instead."""
     existing = directory
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
+    place = directory.resolve()
     if not existing.is_dir():
-        raise OutputError(f"{what} {directory}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputError(
-            f"{what} {directory}: {existing} is not writable; choose a directory you can write to"
+            f"cannot write to {place}: {existing.resolve()} is not a directory; {hint}"
         )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write to {place}: {existing.resolve()} is not writable; {hint}")

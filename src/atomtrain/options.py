@@ -680,6 +680,15 @@ class DistributedOptions(Strict):
     (0: never)."""
 
 
+SurveyWarning = Literal[
+    "isolated_atoms",
+    "many_neighbors",
+    "short_distances",
+    "long_distances",
+    "energy_spread",
+    "force_scale",
+]
+
 SplitOrDataset = Union[
     Annotated[float, Field(ge=0, lt=1)], Annotated[list[DatasetOptions], Field(min_length=1)]
 ]
@@ -716,7 +725,14 @@ class Options(Strict):
     model's metrics on every set; accepted and ignored."""
     print_stats: bool | Literal["auto"] = "auto"
     """metatrain's data set statistics printout: accepted and ignored (the log gives the
-    set sizes and targets)."""
+    set sizes and targets, and the data survey)."""
+    silence_warnings: list[SurveyWarning] = []
+    """Warnings of the data survey at the start of every run and ``--check``
+    (docs/sanity.md) to leave out, by the name each warning ends with:
+    isolated_atoms (most atoms have no neighbor within the cutoff), many_neighbors
+    (more than 500 on average), short_distances, long_distances (nearest neighbors
+    unlike bonded or packed matter: a length unit), energy_spread, force_scale (an
+    energy unit)."""
 
     @field_validator("training_set", "validation_set", "test_set", mode="before")
     @classmethod

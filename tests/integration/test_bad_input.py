@@ -16,7 +16,7 @@ from atomtrain.cli.main import main
 from atomtrain.training.checkpoint import FORMAT
 
 from conftest import RESOURCES
-from helpers import run_directories, write_options
+from helpers import write_options
 
 ETHANOL = RESOURCES / "ethanol_40.xyz"
 
@@ -133,6 +133,45 @@ def test_cutoff_must_be_positive(tmp_path, capsys):
         tmp_path, capsys, architecture__model__soap__cutoff={"radius": 0.0, "width": 0.5}
     )
     assert_one_line(code, error, "architecture.model.soap.cutoff.radius", "greater than 0")
+
+
+def test_cutoff_width_beyond_its_radius(tmp_path, capsys):
+    code, error = train_with(
+        tmp_path, capsys, architecture__model__soap__cutoff={"radius": 5.0, "width": 6.0}
+    )
+    assert_one_line(
+        code, error, "architecture.model.soap.cutoff", "width 6 is larger than radius 5"
+    )
+
+
+def test_positions_in_a_wrong_length_unit_stop_check_before_any_step(tmp_path, capsys):
+    code, error = train_with(
+        tmp_path,
+        capsys,
+        "--check",
+        training_set={"systems": {"read_from": str(ETHANOL), "length_unit": "nm"}},
+    )
+    assert code == 2
+    assert_one_line(
+        code, error, "ethanol_40.xyz", "no atom", "declare systems.length_unit: angstrom"
+    )
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_survey_warnings_name_their_silencer_and_it_silences_them(tmp_path, capsys):
+    mev = {"systems": str(ETHANOL), "targets": {"energy": {"key": "energy", "unit": "meV"}}}
+
+    def check(**changes):
+        options = write_options(tmp_path, ETHANOL, training_set=mev, **changes)
+        assert main(["train", str(options), "--check"]) == 0
+        return capsys.readouterr().out
+
+    console = check()
+    assert "data survey (28 training structures" in console
+    assert "silence_warnings: [force_scale]" in console
+    assert "declare the energy target's unit: eV (it is meV)" in console
+    console = check(silence_warnings=["force_scale", "energy_spread"])
+    assert "data survey" in console and "(it is meV)" not in console
 
 
 def test_unknown_architecture_lists_known_ones(tmp_path, capsys):
@@ -299,6 +338,11 @@ CASES = [
         ["--run-dir", "read_only", "not writable"],
     ),
     (
+        "train: outputs in a read-only directory",
+        lambda d, pt, ckpt: ["train", train_options(d), "--outputs", read_only(d) / "outputs"],
+        ["cannot write to", "read_only/outputs", "read_only is not writable", "--outputs DIR"],
+    ),
+    (
         "train: read-only -o",
         lambda d, pt, ckpt: train_argv(d, "-o", read_only(d) / "model.pt"),
         ["model.pt", "not writable"],
@@ -435,7 +479,7 @@ def test_reported_bad_input(tmp_path, capsys, trained_model, case, command, frag
     assert code == 2, error
     assert_one_line(code, error, *fragments)
     assert "\x1b" not in error  # no terminal escape codes
-    assert run_directories(tmp_path / "o") == []  # no run that never started
+    assert not (tmp_path / "o").exists()  # no run that never started, nor its outputs/
     assert not (tmp_path / "p.xyz").exists()
     # nothing written beside the inputs either (a log beside a --restart file, say)
     assert not (RESOURCES / "train.log").exists() and not (model.parent / "train.log").exists()

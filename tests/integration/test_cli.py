@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import ase.build
 import ase.io
 import numpy as np
 import pytest
@@ -136,6 +137,22 @@ def test_restart_from_a_checkpoint_ends_with_the_same_model(tmp_path, trained):
     assert "resuming after epoch 2" in (copy_directory / "train.log").read_text()
 
 
+def test_restart_auto_of_a_complete_run_says_so_and_can_train_further(tmp_path, trained, capsys):
+    _, run = trained
+    copy_directory = tmp_path / "outputs" / "2000-01-01" / "00-00-00"
+    copy_directory.mkdir(parents=True)
+    (copy_directory / "last.ckpt").write_bytes((run / "last.ckpt").read_bytes())
+    options = tmp_path / "options.yaml"
+    options.write_text((run / "options.yaml").read_text())
+    assert train(tmp_path, options, "--restart", "auto") == 0
+    said = capsys.readouterr().out
+    assert "the run is complete: its checkpoint is from epoch 3 of 3, so nothing is trained" in said
+    assert "epoch 3/3" not in said and (copy_directory / "model.pt").is_file()
+    more = ("-r", "architecture.training.num_epochs=4")
+    assert train(tmp_path, options, "--restart", "auto", *more) == 0
+    assert torch.load(copy_directory / "last.ckpt", weights_only=True)["epoch"] == 4
+
+
 def test_eval_metrics_match_an_independent_computation(tmp_path, trained, capsys):
     directory, run = trained
     predictions = tmp_path / "predictions.xyz"
@@ -262,6 +279,38 @@ def test_export_command(tmp_path, trained):
     reference = ase.io.read(ETHANOL, 0)
     reference.calc = Calculator(str(run / "model.pt"))
     assert atoms.get_potential_energy() == pytest.approx(reference.get_potential_energy())
+
+
+def test_compositions_the_training_left_undetermined_are_warned_of_once(tmp_path, trained, capsys):
+    """Ethanol only fixes the baseline of C2H6O: methane's total energy is arbitrary,
+    which eval and the ASE calculator say once; ethanol itself passes silently."""
+    import warnings
+
+    from atomtrain.ase import Calculator
+
+    _, run = trained
+    methane = ase.build.molecule("CH4")
+    mixed = tmp_path / "mixed.xyz"
+    ase.io.write(mixed, [ase.io.read(ETHANOL, 0).copy(), methane, methane])
+    capsys.readouterr()
+    assert main(["eval", str(run / "model.pt"), str(mixed), "-o", str(tmp_path / "p.xyz")]) == 0
+    console = capsys.readouterr().out
+    assert console.count("did not determine the per-element energies") == 1, console
+    assert "2 of 3 structures (mixed.xyz) have a composition" in console
+    assert main(["eval", str(run / "model.pt"), str(ETHANOL), "-o", str(tmp_path / "e.xyz")]) == 0
+    assert "did not determine" not in capsys.readouterr().out
+    calculator = Calculator(str(run / "model.pt"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ethanol = ase.io.read(ETHANOL, 0)
+        ethanol.calc = calculator
+        ethanol.get_potential_energy()
+        assert not caught
+        for _ in range(2):
+            molecule = methane.copy()
+            molecule.calc = calculator
+            molecule.get_potential_energy()
+    assert len(caught) == 1 and "this structure has a composition" in str(caught[0].message)
 
 
 def test_check_reads_everything_says_what_the_run_would_do_and_trains_nothing(tmp_path, capsys):
@@ -549,6 +598,26 @@ def test_finetuning_refuses_what_does_not_fit_the_model(tmp_path, trained, capsy
     assert error.startswith("atomtrain: ") and len(error.splitlines()) == 1, error
     for fragment in fragments:
         assert fragment in error, (fragment, error)
+
+
+def test_the_options_file_metatrain_writes_reads_molecules_without_stress(tmp_path, capsys):
+    """metatrain writes stress: {key: stress} for every energy, periodic or not, and
+    trains molecules without it: so does atomtrain. stress: true still requires it, and
+    its error says how to turn it off."""
+    frames = ase.io.read(ETHANOL, ":")
+    ase.io.write(tmp_path / "silicon_train.xyz", frames[:30], format="extxyz")
+    ase.io.write(tmp_path / "silicon_validation.xyz", frames[30:], format="extxyz")
+    options = tmp_path / "options_restart.yaml"
+    options.write_text((RESOURCES / "metatrain_options_restart.yaml").read_text())
+    assert main(["train", str(options), "--check"]) == 0
+    said = capsys.readouterr().out
+    assert "30 training, 10 validation, 0 test structures; targets: energy, forces\n" in said
+    data = yaml.safe_load(options.read_text())
+    data["training_set"][0]["targets"]["energy"]["stress"] = True
+    options.write_text(yaml.safe_dump(data))
+    assert main(["train", str(options), "--check"]) == 2
+    error = capsys.readouterr().err
+    assert "no stress under key 'stress'" in error and "or to false to train without" in error
 
 
 def test_the_options_file_metatrain_writes_trains(tmp_path, capsys):

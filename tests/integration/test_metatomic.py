@@ -358,6 +358,39 @@ def test_md_examples_refuse_missing_files_in_one_line(ethanol, tmp_path):
             assert result.returncode == 2, result.stderr[-2000:]
             (line,) = result.stderr.strip().splitlines()
             assert str(path.parent) in line and fragment in line
+    # an output directory that is not there is said before the first step, not after
+    # the last (when the results would be lost)
+    missing = tmp_path / "no_such_directory"
+    result = subprocess.run(
+        [*commands[0], str(model), "--steps", "100000", "--output", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert f"{missing}: output directory not found" in line
+
+
+@pytest.mark.parametrize("case", ["ethanol", "mace"])
+def test_the_ipi_example_script_runs_every_architecture(case, request, tmp_path):
+    """examples/md/ipi/run.sh as a user runs it, shortened to 30 steps: i-PI, its
+    metatomic driver and the plot, with each architecture's export."""
+    model, _ = request.getfixturevalue(case)
+    example = tmp_path / "ipi"
+    shutil.copytree(EXAMPLES / "md" / "ipi", example)
+    nve = example / "input-nve.xml"
+    nve.write_text(nve.read_text().replace("<total_steps>1000<", "<total_steps>30<"))
+    result = subprocess.run(
+        ["bash", str(example / "run.sh"), str(model), "nve"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, (result.stderr + (example / "ipi.log").read_text())[-3000:]
+    steps, potentials = read_ipi_properties(example / "md.out")
+    assert steps[-1] == 30 and np.ptp(potentials) > 1e-5
+    assert (example / "md_ipi_nve.png").stat().st_size > 10_000
 
 
 def test_atomtrain_imported_after_an_engine_loaded_the_model(ethanol, tmp_path):

@@ -140,6 +140,16 @@ def test_stress_as_voigt_or_matrix_and_virial(tmp_path):
             {},
             "frame 1: no forces under key 'forces'",
         ),
+        (
+            GOOD_FRAME + GOOD_FRAME.replace("0.1 0.2 0.3", "0.1 abc 0.3"),
+            {},
+            r"frame 1 \(line 7\): cannot read as extended XYZ \(.*'abc'\)",
+        ),
+        (
+            GOOD_FRAME + "2\n",
+            {},
+            "frame 1 .line 5.: the file ends inside this frame, whose first line announces 2",
+        ),
     ],
     ids=[
         "empty",
@@ -151,6 +161,8 @@ def test_stress_as_voigt_or_matrix_and_virial(tmp_path):
         "forces-shape",
         "zero-volume",
         "forces-missing-in-later-frame",
+        "a-word-among-numbers",
+        "ends-after-a-count-line",
     ],
 )
 def test_bad_data_gives_one_clear_error(tmp_path, text, keys, message):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
 import ase
 import ase.io
 import ase.units
+import numpy as np
 import torch
 import yaml
 
@@ -16,9 +18,11 @@ from ..data.extxyz import read_frames
 from ..data.frames import FrameSet
 from ..errors import DataError, OptionsError
 from ..io import atomic_write
-from ..models.export import learnt_targets, load_exported
+from ..models.composition import outside_span, undetermined_note
+from ..models.export import BASELINE_SPAN_FILE, learnt_targets, load_exported
 from ..options import DatasetOptions
 from ..runtime import BusyCores
+from ..training.baseline import composition_rows
 from ..training.checkpoint import best_model, is_checkpoint
 from ..training.datasets import file_labels, read_files
 from ..training.evaluation import local_batches, predict
@@ -87,6 +91,26 @@ def check_elements(model_path: Path, files: list[tuple[str, FrameSet]], known: l
                 f"{path} holds atomic numbers {unknown} that the model {model_path} was not "
                 f"trained on (it knows {known}); evaluate it on structures of those elements"
             )
+
+
+def warn_undetermined(
+    span: list[list[float]] | None, known: list[int], files: list[tuple[str, FrameSet]]
+) -> None:
+    """Warn once when structures have compositions whose per-element energies the
+    model's training data left undetermined (``span``: the determined directions)."""
+    if span is None or len(span) >= len(known):
+        return
+    directions = torch.tensor(span, dtype=torch.float64).reshape(-1, len(known))
+    outside, total, where = 0, 0, []
+    for path, structures in files:
+        counts, _ = composition_rows(structures, np.arange(len(structures)), known)
+        found = int(outside_span(directions, counts).sum())
+        outside, total = outside + found, total + len(structures)
+        if found:
+            where.append(Path(path).name)
+    if outside:
+        files_named = ", ".join(where)
+        logger.warning(undetermined_note(f"{outside} of {total} structures ({files_named}) have"))
 
 
 def prediction_key(name: str) -> str:
@@ -236,12 +260,16 @@ def run(arguments: argparse.Namespace) -> int:
     from_checkpoint = is_checkpoint(arguments.model)
     if from_checkpoint:
         model = best_model(arguments.model)
+        span = model.baseline_span
     else:
-        model = load_exported(arguments.model)
+        stored = {BASELINE_SPAN_FILE: ""}
+        model = load_exported(arguments.model, extra=stored)
+        span = json.loads(stored[BASELINE_SPAN_FILE] or "null")
     dtype = next(model.parameters()).dtype
     files = read_files(dataset_options(arguments.data), require_energy=False)
     check_elements(arguments.model, files, [int(z) for z in model.atomic_types])
     check_energies(arguments.model, files, learnt_targets(model)[0])
+    warn_undetermined(span, [int(z) for z in model.atomic_types], files)
     structures = [structure for _, part in files for structure in part]
     predictions: list[dict] = []
     targets = tuple(name for name, _ in learnt_targets(model)[1])

@@ -38,7 +38,9 @@ def check_output_path(path: Path) -> None:
         )
     if path.is_dir():
         raise AtomtrainError(f"{path} is a directory; give a file name")
-    check_writable_directory(path.parent.resolve(), f"{path}: directory")
+    check_writable_directory(
+        path.parent.resolve(), f"give {path.name} a path in a directory you can write to"
+    )
 
 
 def run(arguments: argparse.Namespace) -> int:

@@ -129,8 +129,14 @@ def run(arguments: argparse.Namespace) -> int:
         check_output_path(arguments.output)
     launch = detect_launch(os.environ, arguments.nproc, options.distributed.port)
     if launch.rank == 0 and not arguments.check:  # rank 0 writes the run's files
-        run_directory = arguments.run_dir or arguments.outputs
-        check_writable_directory(run_directory, "--run-dir" if arguments.run_dir else "outputs")
+        if arguments.run_dir is not None:
+            check_writable_directory(arguments.run_dir, "give a --run-dir you can write to")
+        else:
+            check_writable_directory(
+                arguments.outputs,
+                "the run's outputs go there: run from a directory you can write to, or "
+                "give --outputs DIR",
+            )
     batch_size = options.architecture.training.batch_size
     packed = options.architecture.training.max_atoms_per_batch is not None
     if launch.world_size > batch_size and not packed:
@@ -152,6 +158,7 @@ def run(arguments: argparse.Namespace) -> int:
         )
     if launch.rank != 0:
         setup_logging(launch.rank, None)
+    made_outputs = not arguments.outputs.exists()  # to leave no empty outputs/ behind
     context = initialize(launch, options.device, options.distributed.timeout)
     failed = False
     new_directory: Path | None = None  # a directory this run made, until it has a checkpoint
@@ -190,7 +197,7 @@ def run(arguments: argparse.Namespace) -> int:
         return 0
     except CollectiveError as error:
         if not isinstance(error, TrainingStopped):
-            discard_unstarted(new_directory, arguments.outputs)
+            discard_unstarted(new_directory, arguments.outputs, made_outputs)
         # every rank raised it at the same step: they leave together (finally), as after
         # a normal end; tearing down alone while a peer still does can abort that peer
         raise
@@ -199,7 +206,9 @@ def run(arguments: argparse.Namespace) -> int:
         logger.debug("stopping on error", exc_info=True)
         context.fail(error)
         if isinstance(error, AtomtrainError) and not isinstance(error, PeerFailure):
-            discard_unstarted(new_directory, arguments.outputs)  # the console says it all
+            discard_unstarted(
+                new_directory, arguments.outputs, made_outputs
+            )  # the console says it all
         raise
     finally:
         if not failed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,12 +124,75 @@ def read_frames(path: Path) -> list[ase.Atoms]:
     try:
         frames = ase.io.read(path, index=":", format=kind)
     except Exception as error:  # ASE raises many types for malformed files
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        described = "extended XYZ" if kind == "extxyz" else f"ASE format '{kind}'"
-        raise DataError(f"{path}: cannot read as {described} ({message})") from error
+        raise DataError(unreadable(path, kind, error, failing_frame(path, kind))) from error
     if not frames:
         raise DataError(f"{path}: the file holds no structure")
     return frames
+
+
+def failing_frame(path: Path, kind: str) -> int | None:
+    """The index of the first frame ASE cannot read, or None if it reads them all."""
+    index = 0
+    try:
+        for _ in ase.io.iread(path, index=":", format=kind):
+            index += 1
+    except Exception:
+        return index
+    return None
+
+
+def unreadable(path: Path, kind: str, error: Exception, frame: int | None) -> str:
+    """What is said of a file ASE cannot read: the frame, and for XYZ files its lines
+    and a truncated frame told as such (ASE says 'generator raised StopIteration')."""
+    message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    described = "extended XYZ" if kind == "extxyz" else f"ASE format '{kind}'"
+    if frame is None:
+        return f"{path}: cannot read as {described} ({message})"
+    where = f"{path}, frame {frame}"
+    lines = xyz_frame_lines(path, frame) if kind == "extxyz" else None
+    if lines is None:
+        return f"{where}: cannot read as {described} ({message})"
+    first, last, announced = lines
+    if last - first < announced + 1:
+        return (
+            f"{where} (line {first}): the file ends inside this frame, whose first line "
+            f"announces {announced} atoms; complete the frame or remove it"
+        )
+    quoted = re.search(r"'([^']+)'", message)  # the value ASE could not convert
+    line = token_line(path, first, last, quoted.group(1)) if quoted else None
+    place = f"line {line}" if line is not None else f"lines {first}-{last}"
+    return f"{where} ({place}): cannot read as {described} ({message})"
+
+
+def token_line(path: Path, first: int, last: int, token: str) -> int | None:
+    """The first of lines ``first`` to ``last`` (from 1) holding ``token`` as a word."""
+    with open(path, errors="replace") as stream:
+        for number, text in enumerate(stream, start=1):
+            if number > last:
+                break
+            if number >= first and token in text.split():
+                return number
+    return None
+
+
+def xyz_frame_lines(path: Path, frame: int) -> tuple[int, int, int] | None:
+    """(first line, last line, atoms its count line announces) of frame ``frame`` of an
+    XYZ file, lines counted from 1; None where its count lines do not lead there."""
+    number = 0
+    with open(path, errors="replace") as stream:
+        for _ in range(frame + 1):
+            header = stream.readline()
+            number += 1
+            try:
+                announced = int(header.split()[0])
+            except (IndexError, ValueError):
+                return None
+            first = number
+            for _ in range(announced + 1):
+                if not stream.readline():
+                    break
+                number += 1
+    return first, number, announced
 
 
 class FrameReader:
@@ -272,7 +336,8 @@ class FrameReader:
                 raise self.fail(
                     index,
                     f"no stress under key '{self.keys.stress}' nor virial under key "
-                    f"'{self.keys.virial}'; keys present: {_present_keys(atoms)}",
+                    f"'{self.keys.virial}'; keys present: {_present_keys(atoms)}. Set 'stress' "
+                    "(or 'virial') to the right key, or to false to train without stress",
                 )
             return None
         if not atoms.pbc.all():
@@ -370,7 +435,6 @@ def iterate_frames(
     if not path.exists():
         raise DataError(f"{path}: data file not found; check the path")
     kind = file_format(path)
-    described = "extended XYZ" if kind == "extxyz" else f"ASE format '{kind}'"
     if chunk_offsets is None:
         frames = ase.io.iread(path, index=slice(start, stop), format=kind)
     else:
@@ -383,10 +447,7 @@ def iterate_frames(
         except StopIteration:
             break
         except Exception as error:  # ASE raises many types for malformed files
-            message = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise DataError(
-                f"{path}, frame {index}: cannot read as {described} ({message})"
-            ) from error
+            raise DataError(unreadable(path, kind, error, index)) from error
         yield atoms
         index += 1
     if index == 0 and start == 0:

@@ -59,3 +59,23 @@ def undetermined_directions(span: torch.Tensor, n_elements: int) -> torch.Tensor
     projector = torch.eye(n_elements, dtype=torch.float64) - span.T @ span
     values, vectors = torch.linalg.eigh(projector)
     return vectors[:, values > 0.5].contiguous()
+
+
+def outside_span(span: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Whether each composition (a row of element counts) has a part that the rows of
+    ``span`` (orthonormal, from determined_directions) do not reach: a composition
+    whose baseline energy the training data left arbitrary."""
+    counts = counts.to(torch.float64)
+    remainder = counts - (counts @ span.T) @ span
+    return remainder.norm(dim=1) > 1e-8 * counts.norm(dim=1).clamp_min(1.0)
+
+
+def undetermined_note(subject: str) -> str:
+    """What a user is told of structures outside the determined compositions:
+    ``subject`` says which ('3 of 40 structures (a.xyz) have')."""
+    return (
+        f"{subject} a composition the model's training data "
+        "did not determine the per-element energies for (e.g. it saw one composition "
+        "only): their total energies include an arbitrary per-element part; forces, and "
+        "energy differences between structures of one composition, are unaffected"
+    )

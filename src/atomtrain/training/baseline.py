@@ -33,13 +33,13 @@ def local_share(structures: FrameSet, context: Context) -> np.ndarray:
     return np.arange(context.rank, len(structures), context.world_size)
 
 
-def local_compositions(
-    structures: FrameSet, context: Context, atomic_types: list[int]
+def composition_rows(
+    structures: FrameSet, positions: np.ndarray, atomic_types: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(element counts [n, n_elements], energies [n]) of this rank's shard of
-    ``structures``, in float64, read a chunk at a time."""
+    """(element counts [n, n_elements], energies [n], NaN where unknown) of the
+    structures at ``positions``, in float64, read a chunk at a time."""
     counts, energies = [torch.zeros((0, len(atomic_types)), dtype=torch.float64)], []
-    for frames, indices in structures.chunks(local_share(structures, context)):
+    for frames, indices in structures.chunks(positions):
         numbers = np.asarray(frames.numbers[frames.atoms_of(indices)], dtype=np.int64)
         system_index = np.repeat(np.arange(len(indices)), frames.atom_counts[indices])
         counts.append(
@@ -50,10 +50,20 @@ def local_compositions(
                 atomic_types,
             )
         )
-        assert frames.energy is not None  # training data has energies
-        energies.append(np.asarray(frames.energy[indices], np.float64) * frames.energy_unit)
+        if frames.energy is None:
+            energies.append(np.full(len(indices), np.nan))
+        else:
+            energies.append(np.asarray(frames.energy[indices], np.float64) * frames.energy_unit)
     joined = np.concatenate(energies) if energies else np.zeros(0)
     return torch.cat(counts), torch.from_numpy(joined)
+
+
+def local_compositions(
+    structures: FrameSet, context: Context, atomic_types: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(element counts [n, n_elements], energies [n]) of this rank's shard of
+    ``structures`` (training data, with energies)."""
+    return composition_rows(structures, local_share(structures, context), atomic_types)
 
 
 def force_spread(structures: FrameSet, context: Context) -> torch.Tensor:

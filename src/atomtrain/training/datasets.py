@@ -16,13 +16,19 @@ from ..options import DatasetOptions, Options
 
 
 def _gradient_choice(value, default_key: str) -> tuple[str, bool | None]:
+    """(key, read): read True requires the values in every structure, None reads them
+    where present. A mapping with the default key is what metatrain's expanded options
+    (options_restart.yaml) hold for every energy, periodic or not, and metatrain trains
+    without the values where the file lacks them: so does atomtrain."""
     if value is None:
         return default_key, None
     if isinstance(value, bool):
         return default_key, value
     if isinstance(value, str):
         return value, True
-    return value.key or default_key, True
+    if value.key in (None, default_key):
+        return default_key, None
+    return value.key, True
 
 
 def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetKeys:

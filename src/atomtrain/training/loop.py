@@ -182,7 +182,17 @@ class Trainer:
             self.best_epoch = int(state["best_epoch"])
             self.best_state = state["best_model_state"]
             where = f", step {self.start_step}" if self.start_step else ""
-            logger.info(f"resuming after epoch {self.start_epoch}{where}")
+            epochs = self.training_options.num_epochs
+            if self.start_epoch >= epochs:
+                # a run stopped while finishing resumes here too: the finishing is redone
+                logger.info(
+                    f"the run is complete: its checkpoint is from epoch {self.start_epoch} "
+                    f"of {epochs}, so nothing is trained; its best model (epoch "
+                    f"{self.best_epoch}) is evaluated and exported again (raise "
+                    "architecture.training.num_epochs to train further)"
+                )
+            else:
+                logger.info(f"resuming after epoch {self.start_epoch}{where}")
         logger.info(describe_model(self.model, self.dtype))
 
     # one epoch ---------------------------------------------------------------------

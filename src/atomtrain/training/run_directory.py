@@ -89,10 +89,12 @@ def report_skipped(skipped: list[str], found: tuple[Path, Any] | None) -> None:
         print(f"atomtrain: resuming from {found[0]}", file=sys.stderr)
 
 
-def discard_unstarted(directory: Path | None, outputs: Path) -> None:
+def discard_unstarted(directory: Path | None, outputs: Path, made_outputs: bool = False) -> None:
     """Remove the directory of a run that failed on bad input before it trained: what it
     holds (a log, the options) describes a run that never was, and an empty date
-    directory above it goes too. A directory with a checkpoint or logged epochs stays."""
+    directory above it goes too, and ``outputs`` itself when this run made it
+    (``made_outputs``) and it is left empty. A directory with a checkpoint or logged
+    epochs stays."""
     if directory is None or any(directory.glob("*.ckpt")) or (directory / "train.csv").exists():
         return
     close_logging()
@@ -100,5 +102,7 @@ def discard_unstarted(directory: Path | None, outputs: Path) -> None:
     if directory.parent.parent == outputs.resolve():
         try:
             directory.parent.rmdir()  # outputs/DATE when this was its only run
+            if made_outputs:
+                outputs.rmdir()
         except OSError:
             pass

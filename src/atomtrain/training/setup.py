@@ -34,6 +34,7 @@ from .datasets import Datasets, file_labels, load_datasets
 from .new_heads import extend_heads, heads_to_fit
 from .outputs import LOGGER_NAME
 from .reports import describe_data, describe_training
+from .sanity import check_training_data
 from .work import average_neighbors
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -297,6 +298,12 @@ def prepare(
         fit_baseline(model, training, options, context)
         fit_target_baselines(model, training, context)
     assign_energy_variants(datasets, model.energy_names)
+    check_training_data(
+        options.training_set,
+        datasets.files["training"],
+        float(model.cutoff),
+        options.silence_warnings,
+    )
     model.trained_on = describe_training(datasets, starting_point(options))
     plan = batch_plan(training, options.architecture.training, seed, context, datasets.shares)
     return Prepared(datasets, model, plan)

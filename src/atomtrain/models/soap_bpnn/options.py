@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ...options_base import Strict, default_only
 
@@ -16,7 +16,17 @@ class CutoffOptions(Strict):
     """Cutoff radius in angstrom; neighbors farther away are ignored."""
     width: Annotated[float, Field(gt=0)] = 0.5
     """Width (angstrom) of the smooth region before the radius where a neighbor's
-    contribution goes smoothly to zero."""
+    contribution goes smoothly to zero; at most the radius."""
+
+    @model_validator(mode="after")
+    def _width_within_radius(self) -> CutoffOptions:
+        if self.width > self.radius:
+            raise ValueError(
+                f"width {self.width:g} is larger than radius {self.radius:g}: the smooth "
+                "region would begin before the atom itself; give a width below the radius "
+                "(default 0.5)"
+            )
+        return self
 
 
 class SoapOptions(Strict):
