@@ -430,6 +430,11 @@ CASES = [
         ["data.yaml", "missing required key 'systems.read_from'"],
     ),
     (
+        "eval: a training options file given as the data",
+        lambda d, pt, ckpt: ["eval", pt, train_options(d), "-o", d / "p.xyz"],
+        ["options.yaml is a training options file", "ethanol_40.xyz", "one data section"],
+    ),
+    (
         "train: a missing data file",
         lambda d, pt, ckpt: train_argv(d, data=d / "absent.xyz"),
         ["absent.xyz", "data file not found"],

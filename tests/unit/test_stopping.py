@@ -17,10 +17,16 @@ from atomtrain.training.stopping import StopRequest
 
 @pytest.fixture
 def request_installed():
+    """A stop request installed as in a process started from a terminal: the suite
+    itself may run under nohup, which ignores SIGHUP (and the request leaves ignored
+    signals alone, tested below)."""
+    started_with = {number: signal.signal(number, signal.SIG_DFL) for number in STOP_SIGNALS}
     stop = StopRequest()
     stop.install()
     yield stop
     stop.uninstall()
+    for number, handler in started_with.items():
+        signal.signal(number, handler)
 
 
 def test_a_signal_delivered_twice_at_once_is_one_request(request_installed):

@@ -74,12 +74,29 @@ def dataset_options(path: Path) -> list[DatasetOptions]:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise OptionsError(f"{path}: YAML syntax error: {error}") from error
+    if isinstance(data, dict) and {"training_set", "architecture"} & set(data):
+        raise OptionsError(training_options_given(path, data))
     from ..options import parse_options
 
     options = parse_options(
         {"training_set": data}, str(path), path.parent.resolve(), within="training_set"
     )
     return options.training_set
+
+
+def training_options_given(path: Path, data: dict) -> str:
+    """What to say when eval is given a training options file instead of data."""
+    section = data.get("test_set") if isinstance(data.get("test_set"), (list, dict, str)) else None
+    section = section or data.get("training_set")
+    first = section[0] if isinstance(section, list) and section else section
+    systems = first.get("systems") if isinstance(first, dict) else first
+    read_from = systems.get("read_from") if isinstance(systems, dict) else systems
+    example = f" (e.g. {read_from})" if isinstance(read_from, str) else ""
+    return (
+        f"{path} is a training options file, not a data description; give eval a data "
+        f"file{example}, or a YAML file holding one data section as training_set holds "
+        "it (systems: ..., targets: ...)"
+    )
 
 
 def check_elements(model_path: Path, files: list[tuple[str, FrameSet]], known: list[int]) -> None:
