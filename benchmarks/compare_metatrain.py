@@ -167,7 +167,7 @@ def final_validation_errors(tool: str, directory: Path) -> dict:
         columns = ("validation energy RMSE (per atom)", "validation forces RMSE")
         scale = 1.0
     else:  # eV, eV/A
-        columns = ("validation_energy_per_atom_rmse", "validation_forces_rmse")
+        columns = ("validation_energy_per_atom_rmse (eV/atom)", "validation_forces_rmse (eV/A)")
         scale = 1000.0
     energy, forces = (scale * float(last[header.index(column)]) for column in columns)
     return {

@@ -89,7 +89,7 @@ def md_parser(description: str) -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="torch threads (default 1: the fastest measured for small systems, and 4x "
-        "faster than torch's default beside another job; docs/performance.md)",
+        "faster than torch's default beside another job; docs/performance-notes.md)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=Path("."), help="directory for files")

@@ -36,7 +36,7 @@ class Calculator(AseCalculator):
         """``threads``: torch's threads in this process (``torch.set_num_threads``, set
         once here), or None to leave torch's setting. One thread is the default: it was
         the fastest measured on CPU from 9 to 1,701 atoms on an idle machine, and beside
-        another job several threads were up to 3.6x slower (docs/performance.md, "A busy
+        another job several threads were up to 3.6x slower (docs/performance-notes.md, "A busy
         machine"). Changing the count around every call instead cost more than it saved
         on a busy machine (torch resizes a thread pool each time). ``variant``: which
         energy of a model trained on several ("r2scan" for energy/r2scan; unset:

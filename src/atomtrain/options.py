@@ -184,7 +184,7 @@ class TrainingOptions(Strict):
     """Peak learning rate of Adam, reached after the warmup (MACE's default: 0.01, see
     its table). Left unset when fine-tuning, it is 1e-4 instead: on ethanol it kept a
     pretrained model's quality on held-out data, where 1e-3 made it worse
-    (docs/performance.md, "Fine-tuning")."""
+    (docs/performance-notes.md, "Fine-tuning")."""
     warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.01
     """Fraction of all steps over which the learning rate rises linearly from zero;
     afterwards it follows lr_scheduler (MACE's default: 0, no warmup)."""
@@ -196,7 +196,7 @@ class TrainingOptions(Strict):
     for more than lr_scheduler_patience validations (MACE's default, mace_run_train's
     and metatrain's; over a short run it stays constant: on ethanol MACE the constant rate
     gave 13 and 33 meV/atom where the cosine gave 75 and 64 after 6 epochs,
-    docs/performance.md)."""
+    docs/performance-notes.md)."""
     lr_factor: Annotated[float, Field(gt=0, lt=1)] = 0.8
     """ReduceLROnPlateau: what the learning rate is multiplied by on a plateau."""
     lr_scheduler_patience: Annotated[int, Field(ge=0)] = 50
@@ -235,7 +235,7 @@ class TrainingOptions(Strict):
     by atomic_baseline stay fixed). Forces and stress do not change; the training energy
     error per atom can only fall. A loss led by forces leaves the energies of the chosen
     epoch off by a near-constant amount (MACE on ethanol: 4 to 18 meV/atom, 2.3 to 3.9
-    after the refit, docs/performance.md)."""
+    after the refit, docs/performance-notes.md)."""
     atomic_baseline: dict[int, float] = {}
     """Fixed per-element energies in eV ({atomic number: energy}); elements not
     listed are fitted by least squares on the training set. metatrain's form keyed by
@@ -260,7 +260,7 @@ class TrainingOptions(Strict):
     """Threads that build the next training batches (neighbor lists, copies out of the
     data arrays) while a step runs. Unset: none on a CPU, where the builder competes with
     the step for the same cores (measured on ethanol, two cores: 2.1 s an epoch with one
-    worker against 1.0 s without; docs/performance.md "Large data sets"), one on a GPU.
+    worker against 1.0 s without; docs/performance-notes.md "Large data sets"), one on a GPU.
     metatrain's key of the same name counts loader processes."""
     log_mae: bool = False
     """metatrain's: atomtrain logs MAEs beside RMSEs (train.csv) anyway."""

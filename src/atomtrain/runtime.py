@@ -33,7 +33,7 @@ def keep_freed_memory(environment: dict[str, str] | None = None) -> bool:
     freed blocks back to the kernel (fresh mappings, heap trimming), so the next step
     faults them in again page by page: about 2,200 page faults per step on tio2 at
     batch 32. Serving blocks up to 32 MiB from the heap and never trimming it removes
-    them. Measured on tio2 (docs/performance.md): one process at batch 32 6 % faster,
+    them. Measured on tio2 (docs/performance-notes.md): one process at batch 32 6 % faster,
     two processes on two cores 3 % (batch 32) and 8 % (batch 8), for a peak resident
     size 2 to 5 % higher.
 
@@ -95,7 +95,7 @@ class ThreadDecision:
 class BusyCores:
     """Trains with fewer threads while other processes use this process's cores.
 
-    Measured (docs/performance.md, "A busy machine"): beside another job, torch's
+    Measured (docs/performance-notes.md, "A busy machine"): beside another job, torch's
     OpenMP threads spin at every parallel region waiting for a thread whose core the
     other job holds, and training took 2x (another torch job) to 3.4x (busy loops) the
     time of one thread. One thread never waits for another; on an idle machine several

@@ -87,11 +87,11 @@ def test_csv_has_one_row_per_logged_epoch(trained):
     for column in [
         "learning_rate",
         "train_loss",
-        "train_energy_per_atom_rmse",
-        "train_forces_mae",
-        "validation_energy_per_atom_rmse",
-        "validation_forces_rmse",
-        "validation_energy_mae",
+        "train_energy_per_atom_rmse (eV/atom)",
+        "train_forces_mae (eV/A)",
+        "validation_energy_per_atom_rmse (eV/atom)",
+        "validation_forces_rmse (eV/A)",
+        "validation_energy_mae (eV)",
     ]:
         assert all(float(row[column]) >= 0 for row in rows), column
     assert float(rows[-1]["train_loss"]) < float(rows[0]["train_loss"])
@@ -458,11 +458,11 @@ def test_fractions_are_cut_from_each_training_file(tmp_path):
     with (run / "train.csv").open() as stream:
         (row,) = list(csv.DictReader(stream))
     whole, first, second = (
-        float(row[f"validation_{share}energy_per_atom_rmse"])
+        float(row[f"validation_{share}energy_per_atom_rmse (eV/atom)"])
         for share in ("", "first.xyz_", "second.xyz_")
     )
     assert whole**2 * 10 == pytest.approx(first**2 * 6 + second**2 * 4, rel=1e-12)
-    assert "validation_second.xyz_forces_rmse" in row
+    assert "validation_second.xyz_forces_rmse (eV/A)" in row
 
 
 def test_atomic_types_build_networks_for_elements_the_training_set_lacks(tmp_path):
@@ -646,9 +646,9 @@ def test_the_options_file_metatrain_writes_trains(tmp_path, capsys):
     with (run / "train.csv").open() as stream:
         rows = list(csv.DictReader(stream))
     products = [
-        float(row["validation_energy_per_atom_rmse"])
-        * float(row["validation_forces_rmse"])
-        * float(row["validation_virial_per_atom_rmse"])
+        float(row["validation_energy_per_atom_rmse (eV/atom)"])
+        * float(row["validation_forces_rmse (eV/A)"])
+        * float(row["validation_virial_per_atom_rmse (eV/atom)"])
         for row in rows
     ]
     best = 1 + products.index(min(products))

@@ -206,7 +206,8 @@ def test_files_with_different_targets_give_the_single_process_model(tmp_path_fac
         log = (run / "train.log").read_text()
         assert "targets: energy, forces (13 of 22 structures), stress (4 of 22" in log
         header = read_csv(run)[0]
-        assert "validation_forces_rmse" in header and "validation_stress_rmse" in header
+        assert "validation_forces_rmse (eV/A)" in header
+        assert "validation_stress_rmse (eV/A^3)" in header
         runs.append(run)
     # Each step's summed gradient equals the single-process one to 1e-15 (a unit test
     # checks it on this data); Adam's first steps, which scale every gradient to about

@@ -203,6 +203,16 @@ VOIGT = [0, 4, 8, 5, 2, 1]
 
 
 def parity_plot(path: Path, pairs: dict[str, tuple[list[float], list[float]]]) -> None:
+    import matplotlib.pyplot as plt
+
+    figure = parity_figure(pairs)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def parity_figure(pairs: dict[str, tuple[list[float], list[float]]]):
+    """Predicted against reference values, a panel per quantity, each with its RMSE and
+    MAE (in the log's units: meV/atom, meV/A; stress in GPa and meV/A^3)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,6 +227,15 @@ def parity_plot(path: Path, pairs: dict[str, tuple[list[float], list[float]]]) -
         axis.plot([low, high], [low, high], color="black", linewidth=0.8)
         axis.set_xlabel(f"reference {name}")
         axis.set_ylabel(f"predicted {name}")
+        axis.text(
+            0.04,
+            0.96,
+            parity_errors(name, reference, predicted),
+            transform=axis.transAxes,
+            verticalalignment="top",
+            fontsize=9,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+        )
         # large values (energies of -654.1 eV/atom) have long labels: fewer, slanted ticks
         axis.xaxis.set_major_locator(MaxNLocator(4))
         axis.yaxis.set_major_locator(MaxNLocator(5))
@@ -224,8 +243,26 @@ def parity_plot(path: Path, pairs: dict[str, tuple[list[float], list[float]]]) -
         axis.tick_params(axis="x", labelrotation=30)
         axis.set_aspect("equal", adjustable="datalim")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    return figure
+
+
+# a parity panel's errors in the log's units: (factor from the panel's unit, unit)
+PARITY_UNITS = {
+    "energy per atom (eV)": [(1e3, "meV/atom")],
+    "force component (eV/A)": [(1e3, "meV/A")],
+    "stress component (GPa)": [(1.0, "GPa"), (1e3 * ase.units.GPa, "meV/A^3")],
+}
+
+
+def parity_errors(name: str, reference: list[float], predicted: list[float]) -> str:
+    """'RMSE ... / MAE ...' of one panel, in each of its units."""
+    difference = np.asarray(predicted, dtype=np.float64) - np.asarray(reference, np.float64)
+    rmse, mae = float(np.sqrt(np.mean(difference**2))), float(np.mean(np.abs(difference)))
+    lines = []
+    for label, value in (("RMSE", rmse), ("MAE", mae)):
+        shown = [f"{value * factor:.4g} {unit}" for factor, unit in PARITY_UNITS.get(name, [])]
+        lines.append(f"{label} " + (" = ".join(shown) if shown else f"{value:.4g}"))
+    return "\n".join(lines)
 
 
 def predict_all(

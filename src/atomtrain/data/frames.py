@@ -38,7 +38,7 @@ class NeighborCache:
     Memory-mapped sources are not cached unless ``ATOMTRAIN_NEIGHBOR_CACHE_MB`` is set:
     their memory must not grow with the data (a 64-atom periodic cell's lists weigh
     some 27 kB), and a batch's lists cost 5-10 % of a step on a CPU
-    (docs/performance.md, "Large data sets")."""
+    (docs/performance-notes.md, "Large data sets")."""
 
     def __init__(self):
         self.used = 0

@@ -32,7 +32,13 @@ from .datasets import Datasets
 from .evaluation import metric_sums, predict
 from .losses import batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
-from .outputs import LOGGER_NAME, append_csv, plot_learning_curves, write_run_record
+from .outputs import (
+    LOGGER_NAME,
+    append_csv,
+    plot_learning_curves,
+    with_unit,
+    write_run_record,
+)
 from .reports import describe, describe_model, metrics_table
 from .schedule import Plateau, apply_now, make_optimizer, make_scheduler
 from .setup import (
@@ -54,7 +60,7 @@ def selection_metric(
     per-target errors weighed as the loss weighs them (MAE for an MAE loss, else squared
     errors), stress counted as the loss counts it, as a virial per atom: in eV/A^3 its
     errors are some 400 times smaller squared, and the model with the best forces was
-    chosen whatever its energies on strained cells (docs/performance.md). Or
+    chosen whatever its energies on strained cells (docs/performance-notes.md). Or
     metatrain's product of the RMSEs (MAEs) of the targets present."""
     training = options.architecture.training
     names = ("energy_per_atom", "forces", "virial_per_atom", *targets)
@@ -417,6 +423,8 @@ class Trainer:
                 for label, metrics in file_metrics.items()
                 for name, value in metrics.items()
             )
+            units = {spec.name: spec.unit for spec in self.model.target_specs()}
+            row = {with_unit(name, units): value for name, value in row.items()}
             append_csv(self.run.directory / "train.csv", row)
 
     def finish(self) -> dict[str, dict[str, float]]:

@@ -21,7 +21,7 @@ logger = logging.getLogger(LOGGER_NAME)
 # Counting pairs costs a neighbor search per structure, about in proportion to its
 # atoms (40 us for ethanol, 130 us for a 64-atom cell at 5 A): 2-3 s per process on two
 # processes up to this many atoms, 15-20 s for a million molecules or 100,000 cells,
-# where dealing by atom counts costs nothing (docs/performance.md, "Large data sets").
+# where dealing by atom counts costs nothing (docs/performance-notes.md, "Large data sets").
 COUNTED_UP_TO_ATOMS = 2_000_000
 
 

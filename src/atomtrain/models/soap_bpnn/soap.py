@@ -203,7 +203,7 @@ class SoapPowerSpectrum(torch.nn.Module):
         # Features: for each l, the pairs of channels (element, n) with c <= c' and both n
         # below the l's count. They are sums over m, without the 1/sqrt(2l + 1) of an
         # average, as in metatrain's power spectrum: high l keeps the weight the density
-        # overlap gives it (measured better on silicon forces; docs/performance.md).
+        # overlap gives it (measured better on silicon forces; docs/performance-notes.md).
         n_channels = n_elements * self.n_radial
         selected: list[int] = []
         for angular_l, count in enumerate(radial_functions_per_l(max_radial, max_angular)):
