@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,20 @@ def test_csv_has_one_row_per_logged_epoch(trained):
     ]:
         assert all(float(row[column]) >= 0 for row in rows), column
     assert float(rows[-1]["train_loss"]) < float(rows[0]["train_loss"])
+
+
+def test_the_log_ends_with_the_time_of_each_phase(trained):
+    """A short run spends as much time outside its epochs as in them: the log's last
+    line says where (docs/performance-notes.md, "Short runs")."""
+    directory, run = trained
+    last = (run / "train.log").read_text().strip().splitlines()[-1]
+    assert "time by phase: " in last
+    for phase in ("setup", "optimizer", "epochs", "refit", "final evaluation", "export"):
+        assert re.search(rf"\b{phase} \d+\.\d\d s", last), (phase, last)
+    # -o gets the exported model's very bytes, copied rather than scripted again
+    assert (directory / "exported.pt").read_bytes() == (run / "model.pt").read_bytes()
+    assert (directory / "extensions").is_dir()
+    assert (run / "learning_curves.png").stat().st_size > 10_000  # drawn by a child
 
 
 def test_expanded_options_and_split_reproduce_the_run(trained):

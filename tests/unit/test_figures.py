@@ -10,7 +10,8 @@ import matplotlib.pyplot as plt
 import pytest
 
 from atomtrain.cli.eval import parity_errors, parity_figure
-from atomtrain.training.outputs import learning_curves_figure, with_unit, without_unit
+from atomtrain.training.curves import learning_curves_figure
+from atomtrain.training.outputs import with_unit, without_unit
 
 
 @pytest.mark.parametrize(

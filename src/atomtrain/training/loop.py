@@ -23,11 +23,12 @@ from ..distributed import Context
 from ..errors import AtomtrainError
 from ..models import registry
 from ..models.energy_model import EnergyModel
-from ..models.export import export
+from ..models.export import copy_export, export
 from ..options import Options, expanded
 from .baseline import refit_baseline
 from .batches import StepBatches, batch_workers
 from .checkpoint import replace_best_model, save_checkpoint
+from .curves import CurvesInBackground
 from .datasets import Datasets
 from .evaluation import metric_sums, predict
 from .losses import batch_loss
@@ -35,10 +36,10 @@ from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_s
 from .outputs import (
     LOGGER_NAME,
     append_csv,
-    plot_learning_curves,
     with_unit,
     write_run_record,
 )
+from .phases import start_phases
 from .reports import describe, describe_model, metrics_table
 from .schedule import Plateau, apply_now, make_optimizer, make_scheduler
 from .setup import (
@@ -110,6 +111,8 @@ class Trainer:
 
     def __init__(self, options: Options, context: Context, run: Run, seed: int):
         self.started: float | None = time.perf_counter()
+        self.phases = start_phases()
+        self.phases.add("setup", 0.0)  # measured when the epochs begin
         self.options = options
         self.context = context
         self.run = run
@@ -155,7 +158,9 @@ class Trainer:
         context.broadcast_parameters(self.model)
         trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         self.parameters = [parameter for _, parameter in trained]
-        self.optimizer = make_optimizer(trained, self.training_options, architecture.decays)
+        first = "torch._dynamo" not in sys.modules  # torch.optim imports it (1 s here)
+        with self.phases.timed("optimizer", "importing torch._dynamo" if first else ""):
+            self.optimizer = make_optimizer(trained, self.training_options, architecture.decays)
         clip_norm = self.training_options.grad_clip_norm
         self.clip_norm = clip_norm if clip_norm is not None and math.isfinite(clip_norm) else None
         self.steps_per_epoch = self.plan.steps_per_epoch
@@ -355,6 +360,10 @@ class Trainer:
         context = self.context
         directory = self.run.directory
         epoch_time = time.perf_counter()
+        if self.started is not None:
+            setup = epoch_time - self.started - self.phases.seconds.get("optimizer", 0.0)
+            self.phases.add("setup", setup)
+        epochs_began = epoch_time
         for epoch in range(self.start_epoch, options.num_epochs):
             start_step = self.start_step if epoch == self.start_epoch else 0
             train_values = self.train_epoch(epoch, start_step)
@@ -399,6 +408,7 @@ class Trainer:
                 save_checkpoint(directory / "last.ckpt", state)
                 if completed % options.checkpoint_interval == 0:
                     save_checkpoint(directory / f"epoch_{completed}.ckpt", state)
+        self.phases.add("epochs", time.perf_counter() - epochs_began)
         return self.finish()
 
     def log_epoch(
@@ -428,37 +438,51 @@ class Trainer:
             append_csv(self.run.directory / "train.csv", row)
 
     def finish(self) -> dict[str, dict[str, float]]:
-        """Evaluate the best model on every set, log the table, export, plot."""
+        """Evaluate the best model on every set, log the table, export, plot (in a
+        process of its own, meanwhile), and say where the time went."""
         context = self.context
+        directory = self.run.directory
+        curves = None
+        if context.is_main and (directory / "train.csv").exists():
+            curves = CurvesInBackground(directory / "train.csv", directory / "learning_curves.png")
         self.model.load_state_dict(self.best_state)
         self.adapt_threads()
-        refitted = self.model.learns_energy and refit_baseline(
-            self.model, self.datasets.training, self.options, context, self.dtype
-        )
+        with self.phases.timed("refit"):
+            refitted = self.model.learns_energy and refit_baseline(
+                self.model, self.datasets.training, self.options, context, self.dtype
+            )
         names: list[str] = []
         local: list[torch.Tensor] = []
-        for label, part in (("train", "training"), ("validation", "validation"), ("test", "test")):
-            # each set, and each file's share of it, as metatrain reports them
-            shares = labelled_files(self.datasets.files[part])
-            names += [label, *(f"{label}: {name}" for name, _ in shares)]
-            local += self.evaluate_with_shares(getattr(self.datasets, part), shares)
-        sums = reduce_together(context, local)
+        with self.phases.timed("final evaluation"):
+            for label, part in (
+                ("train", "training"),
+                ("validation", "validation"),
+                ("test", "test"),
+            ):
+                # each set, and each file's share of it, as metatrain reports them
+                shares = labelled_files(self.datasets.files[part])
+                names += [label, *(f"{label}: {name}" for name, _ in shares)]
+                local += self.evaluate_with_shares(getattr(self.datasets, part), shares)
+            sums = reduce_together(context, local)
         results = {name: finalize(values, self.targets) for name, values in zip(names, sums)}
         logger.info(f"best model: epoch {self.best_epoch}")
         logger.info(metrics_table(results))
         if context.is_main:
-            directory = self.run.directory
-            if refitted:
-                best = self.model.state_dict()  # once: MACE on cuequivariance converts it
-                for name in ("best.ckpt", "last.ckpt"):
-                    replace_best_model(directory / name, best)
-            export(self.model, directory / "model.pt")
-            if self.run.output_path is not None:
-                export(self.model, self.run.output_path)
-                logger.info(f"exported model to {self.run.output_path}")
+            with self.phases.timed("export"):
+                if refitted:
+                    best = self.model.state_dict()  # once: MACE on cuequivariance converts it
+                    for name in ("best.ckpt", "last.ckpt"):
+                        replace_best_model(directory / name, best)
+                # scripting it again for -o would take as long: the same bytes, copied
+                export(self.model, directory / "model.pt")
+                if self.run.output_path is not None:
+                    copy_export(directory / "model.pt", self.run.output_path)
+                    logger.info(f"exported model to {self.run.output_path}")
             logger.info(f"exported model to {directory / 'model.pt'}")
-            if (directory / "train.csv").exists():
-                plot_learning_curves(directory / "train.csv", directory / "learning_curves.png")
+            if curves is not None:
+                with self.phases.timed("learning curves", "waited for, drawn alongside"):
+                    curves.wait()
+            logger.info(self.phases.summary())
         return results
 
 
