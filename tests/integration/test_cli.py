@@ -147,15 +147,22 @@ def test_same_seed_same_model_and_split(tmp_path, trained, monkeypatch):
         assert torch.equal(weights[0][name], weights[1][name]), name
 
 
+def copied_run(tmp_path, run, checkpoint: str):
+    """A run directory under tmp_path/outputs holding ``checkpoint`` of ``run`` as its
+    last.ckpt, and the run's options: what --restart auto resumes."""
+    copy_directory = tmp_path / "outputs" / "2000-01-01" / "00-00-00"
+    copy_directory.mkdir(parents=True)
+    (copy_directory / "last.ckpt").write_bytes((run / checkpoint).read_bytes())
+    options = tmp_path / "options.yaml"
+    options.write_text((run / "options.yaml").read_text())
+    return copy_directory, options
+
+
 def test_restart_from_a_checkpoint_ends_with_the_same_model(tmp_path, trained):
     """Continue from epoch 2 of the shared run: epoch 3 must be reproduced exactly."""
     _, run = trained
     uninterrupted = torch.load(run / "last.ckpt", weights_only=True)["model_state"]
-    copy_directory = tmp_path / "outputs" / "2000-01-01" / "00-00-00"
-    copy_directory.mkdir(parents=True)
-    (copy_directory / "last.ckpt").write_bytes((run / "epoch_2.ckpt").read_bytes())
-    options = tmp_path / "options.yaml"
-    options.write_text((run / "options.yaml").read_text())
+    copy_directory, options = copied_run(tmp_path, run, "epoch_2.ckpt")
     assert train(tmp_path, options, "--restart", "auto") == 0
     resumed = torch.load(copy_directory / "last.ckpt", weights_only=True)
     assert resumed["epoch"] == 3
@@ -166,11 +173,7 @@ def test_restart_from_a_checkpoint_ends_with_the_same_model(tmp_path, trained):
 
 def test_restart_auto_of_a_complete_run_says_so_and_can_train_further(tmp_path, trained, capsys):
     _, run = trained
-    copy_directory = tmp_path / "outputs" / "2000-01-01" / "00-00-00"
-    copy_directory.mkdir(parents=True)
-    (copy_directory / "last.ckpt").write_bytes((run / "last.ckpt").read_bytes())
-    options = tmp_path / "options.yaml"
-    options.write_text((run / "options.yaml").read_text())
+    copy_directory, options = copied_run(tmp_path, run, "last.ckpt")
     assert train(tmp_path, options, "--restart", "auto") == 0
     said = capsys.readouterr().out
     assert "the run is complete: its checkpoint is from epoch 3 of 3, so nothing is trained" in said
@@ -707,6 +710,7 @@ def test_the_options_file_metatrain_writes_trains(tmp_path, capsys):
     assert curves.shape[:2] == (700, 1350)
 
 
+@pytest.mark.slow
 def test_help_and_version():
     result = subprocess.run(
         [sys.executable, "-m", "atomtrain", "--version"], capture_output=True, text=True

@@ -105,6 +105,7 @@ def workdir(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_nproc_2_equals_single_process(reference, workdir):
     run, result = launch(
         [PYTHON, "-m", "atomtrain", "train", str(options_for(workdir)), "--nproc", "2"],
@@ -116,6 +117,7 @@ def test_nproc_2_equals_single_process(reference, workdir):
     assert "metrics of the best model" in result.stdout
 
 
+@pytest.mark.slow
 def test_float32_nproc_2_matches_single_process_to_rounding(workdir, tmp_path_factory):
     """In float32 the sums over two shards round differently from one sum; the runs
     must still agree to float32 rounding amplified by three epochs, not drift apart."""
@@ -127,6 +129,7 @@ def test_float32_nproc_2_matches_single_process_to_rounding(workdir, tmp_path_fa
     assert_same_run(run, reference_run, tolerance=1e-3)
 
 
+@pytest.mark.slow
 def test_batches_packed_by_atoms_give_the_single_process_model(tmp_path_factory):
     """Batches packed by atom count hold one to four molecules of 3 to 17 atoms (qm9);
     a molecule larger than the limit is a batch of its own, leaving a rank without work:
@@ -157,6 +160,7 @@ def test_batches_packed_by_atoms_give_the_single_process_model(tmp_path_factory)
     assert_same_run(runs[1], runs[0])
 
 
+@pytest.mark.slow
 def test_clipped_gradients_give_the_single_process_model(reference, tmp_path_factory):
     """Clipping acts on the global batch's gradient: two processes clip as one does. A
     norm this small clips the steps, so the model must differ from the reference's."""
@@ -177,6 +181,7 @@ def test_clipped_gradients_give_the_single_process_model(reference, tmp_path_fac
     assert largest > 1e-3
 
 
+@pytest.mark.slow
 def test_files_with_different_targets_give_the_single_process_model(tmp_path_factory):
     """Three files: molecules with forces, molecules with energies only (in hartree, under
     their own key), silicon cells with forces and stress. Each target is learnt and
@@ -216,6 +221,7 @@ def test_files_with_different_targets_give_the_single_process_model(tmp_path_fac
     assert_same_run(runs[1], runs[0], tolerance=1e-6)
 
 
+@pytest.mark.slow
 def test_torchrun_equals_single_process(reference, workdir):
     torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
     run, _ = launch(
@@ -309,6 +315,7 @@ def test_taken_port_fails_fast_with_one_line(workdir):
             ]
 
 
+@pytest.mark.slow
 def test_rank_waiting_for_missing_rank_0_exits_with_message(workdir):
     port = free_port()
     start = time.monotonic()

@@ -149,6 +149,7 @@ def learning_rates(run_dir: Path) -> list[float]:
         return [float(row["learning_rate"]) for row in csv.DictReader(stream)]
 
 
+@pytest.mark.slow
 def test_a_plateau_schedule_resumes_exactly_on_two_processes(tmp_path_factory):
     """ReduceLROnPlateau's state (best error, validations without improvement, scale)
     goes into the checkpoint: stopped after its second epoch and resumed on two
@@ -186,6 +187,7 @@ def test_a_plateau_schedule_resumes_exactly_on_two_processes(tmp_path_factory):
     assert_same_model(final_state(runs[1]), final_state(runs[0]))
 
 
+@pytest.mark.slow
 def test_signal_on_one_rank_stops_both_and_resume_with_one_process(tmp_path, reference):
     options = options_in(tmp_path, distributed__check_consistency_every=3)
     run_dir = tmp_path / "run"
@@ -207,6 +209,7 @@ def test_signal_on_one_rank_stops_both_and_resume_with_one_process(tmp_path, ref
 
 
 @pytest.mark.parametrize("data", ["file", "directory"])
+@pytest.mark.slow
 def test_sigterm_on_single_process_then_resume_with_two(tmp_path, reference, data):
     """Also on a memory-mapped directory (atomtrain convert --float64 of the same
     file): the resumed run ends with the uninterrupted single-process model."""
@@ -230,6 +233,7 @@ def test_sigterm_on_single_process_then_resume_with_two(tmp_path, reference, dat
         ("process group", signal.SIGINT),  # Ctrl-C in the terminal
     ],
 )
+@pytest.mark.slow
 def test_nproc_launcher_stopped_by_a_signal_checkpoints_and_resumes(
     tmp_path, reference, receivers, number
 ):
@@ -340,6 +344,7 @@ def test_a_signal_sent_again_stops_a_rank_waiting_on_a_hung_peer(number):
     assert "Traceback" not in error
 
 
+@pytest.mark.slow
 def test_killed_rank_stops_the_others_with_a_message(tmp_path):
     options = options_in(tmp_path, distributed__timeout=5)
     run_dir = tmp_path / "run"
@@ -370,6 +375,7 @@ def busy_cores():
 
 
 @pytest.mark.parametrize("machine", ["idle", "busy"])
+@pytest.mark.slow
 def test_error_on_one_rank_stops_all_promptly_and_is_shown_once(tmp_path, request, machine):
     """Also on a machine busy with other work, where gloo's event loop (SCHED_IDLE while
     the rank computes) would notice the failed peer only after seconds."""
@@ -421,6 +427,7 @@ def worker_pids(marker: str) -> dict[int, int]:
     return found
 
 
+@pytest.mark.slow
 def test_torchrun_restart_resumes_from_the_newest_checkpoint(tmp_path, reference):
     torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
     options = options_in(tmp_path)
@@ -452,6 +459,7 @@ def test_torchrun_restart_resumes_from_the_newest_checkpoint(tmp_path, reference
     assert_same_model(final_state(run_dir), reference)
 
 
+@pytest.mark.slow
 def test_torchrun_job_preempted_checkpoints_and_resumes(tmp_path, reference):
     """scancel of ``srun torchrun ...``: SIGTERM to the agent and to its workers, which
     also get the agent's copy. The workers stop at one step with a checkpoint and say so
@@ -478,6 +486,7 @@ def test_torchrun_job_preempted_checkpoints_and_resumes(tmp_path, reference):
 @pytest.mark.skipif(
     not slurm_available(), reason="no running SLURM (bash .ci/setup_slurm.sh starts one; CI does)"
 )
+@pytest.mark.slow
 def test_scancel_of_an_srun_job_checkpoints_and_resumes(tmp_path, reference):
     """A real SLURM: scancel of a two-task srun job (SIGTERM to every task). The tasks
     stop at one step, rank 0 writes the checkpoint and says so once, srun exits 75;
@@ -554,6 +563,7 @@ def stalled_in_second_checkpoint(options, run_dir, output):
     return process, marker
 
 
+@pytest.mark.slow
 def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_path):
     """The second write of last.ckpt (after epoch 2) stops after its first 4 KiB, the
     process is killed there, and --restart auto resumes from epoch 1's checkpoint."""

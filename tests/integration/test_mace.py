@@ -184,11 +184,13 @@ def reference(tmp_path_factory):
     return final_model(directory / "run")
 
 
+@pytest.mark.slow
 def test_nproc_2_gives_the_single_process_model(tmp_path, reference):
     run_to_the_end(train_command(mace_options(tmp_path), tmp_path / "run", "--nproc", "2"))
     assert_same_model(final_model(tmp_path / "run"), reference)
 
 
+@pytest.mark.slow
 def test_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp_path):
     """MACE on a training list of ethanol molecules (extended XYZ) and silicon cells with
     stress (a converted directory), batches packed by atom count: two processes give the
@@ -213,6 +215,7 @@ def test_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp_path):
     assert_same_model(states[1], states[0])
 
 
+@pytest.mark.slow
 def test_stopped_mid_run_resumes_with_two_processes_to_the_same_model(tmp_path, reference):
     run_dir = tmp_path / "run"
     stop_then_resume_with_two(mace_options(tmp_path), run_dir, EPOCHS)
@@ -249,6 +252,7 @@ def test_cuequivariance_kernels_keep_the_model_and_its_e3nn_state():
     )
 
 
+@pytest.mark.slow
 def test_a_run_on_cuequivariance_kernels_resumes_exactly_and_exports_e3nn(tmp_path):
     """cueq: true on a CPU. Adam follows another path in cuequivariance's parameters
     (mace-torch's reduced projection is not orthogonal), so the reference is an
@@ -514,6 +518,7 @@ def mace_run_train_model(tmp_path_factory):
     return directory / "tiny.model"
 
 
+@pytest.mark.slow
 def test_a_model_file_of_mace_run_train_is_read_as_mace_itself_predicts(mace_run_train_model):
     """atomtrain's model of the file (E0s, scale, shift and weights kept) gives mace-torch's
     own calculator's energy and forces, in a process of mace's own."""

@@ -160,6 +160,7 @@ def train_in_a_process(options, run, extra: list[str]) -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_nproc_2_on_a_directory_gives_the_single_process_model(tmp_path):
     frames = ase.io.read(RESOURCES / "si_test.xyz", ":12")
     directory = write_memmap(tmp_path / "silicon", frames, stress=True)
@@ -175,6 +176,7 @@ def test_nproc_2_on_a_directory_gives_the_single_process_model(tmp_path):
         torch.testing.assert_close(states[1][name], value, rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_one_list_of_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp_path):
     """Ethanol molecules from an extended XYZ file and silicon cells (stress) from a
     directory in one training list, batches packed by atom count: two processes give the

@@ -176,6 +176,7 @@ def engine_predictions(model: Path, structures: list[ase.Atoms], directory: Path
 
 
 @pytest.mark.parametrize("case", ["ethanol", "silicon", "mace"])
+@pytest.mark.slow
 def test_metatomic_calculator_gives_atomtrains_predictions(case, request, tmp_path):
     """In a process without atomtrain, MetatomicCalculator gives the energies, forces and
     stress of atomtrain's own (Python) model to 1e-10, per-atom energies add up to the
@@ -253,6 +254,7 @@ def ipi_input(directory: Path, address: str, steps: int) -> Path:
 
 
 @pytest.mark.parametrize("case", ["ethanol", "mace"])
+@pytest.mark.slow
 def test_ipi_drives_the_model_through_its_metatomic_driver(case, request, tmp_path):
     """i-PI runs a short NVE trajectory with the model (SOAP-BPNN, MACE) served by
     i-PI's metatomic driver over a UNIX socket; its potential energies equal the ASE
@@ -303,6 +305,7 @@ def read_ipi_properties(path: Path) -> tuple[list[int], list[float]]:
 
 
 @pytest.mark.parametrize("case", ["ethanol", "mace"])
+@pytest.mark.slow
 def test_ase_nve_conserves_the_total_energy(case, request, tmp_path):
     """examples/md/ase_md.py: 1,000 steps of 0.5 fs of NVE on ethanol at 300 K, with every
     architecture's export (a MACE model needs no extension, and its export once left no
@@ -338,6 +341,7 @@ def test_ase_nve_conserves_the_total_energy(case, request, tmp_path):
     assert (tmp_path / "md_nve.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_md_examples_refuse_missing_files_in_one_line(ethanol, tmp_path):
     """ase_md.py and ipi/run.sh: a missing model, or a model moved without its
     extensions, is one line naming the path and exit code 2."""
@@ -373,6 +377,7 @@ def test_md_examples_refuse_missing_files_in_one_line(ethanol, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["ethanol", "mace"])
+@pytest.mark.slow
 def test_the_ipi_example_script_runs_every_architecture(case, request, tmp_path):
     """examples/md/ipi/run.sh as a user runs it, shortened to 30 steps: i-PI, its
     metatomic driver and the plot, with each architecture's export."""
@@ -422,6 +427,7 @@ def test_atomtrain_imported_after_an_engine_loaded_the_model(ethanol, tmp_path):
     assert result.stdout.strip().endswith("agree")
 
 
+@pytest.mark.slow
 def test_export_with_sphericart_imported_from_outside_site_packages(ethanol, tmp_path):
     """A user whose packages are on PYTHONPATH (pip install --target, a cluster's module
     system) exports too: metatomic collects an extension at its path relative to

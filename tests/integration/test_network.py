@@ -82,6 +82,7 @@ def start_on_nodes(nodes, command, port):
     return processes
 
 
+@pytest.mark.slow
 def test_training_across_namespaces_and_a_cut_link(tmp_path, two_nodes):
     # a complete run across the two nodes
     options = options_in(tmp_path, architecture__training__num_epochs=2, distributed__timeout=5)

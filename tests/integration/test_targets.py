@@ -134,6 +134,7 @@ def training_predictions(checkpoint, data, keys, count=4):
     return {name: value.detach() for name, value in predict(model, batch, False, False).items()}
 
 
+@pytest.mark.slow
 def test_metatrain_polarisability_options_train_and_the_export_gives_training_values(
     polarisability_run,
 ):
@@ -199,6 +200,7 @@ def l2_components(matrix):
     )
 
 
+@pytest.mark.slow
 def test_metatrain_spherical_options_train(tmp_path):
     frames = ase.io.read(QM7X, ":")
     for atoms in frames:
@@ -267,6 +269,7 @@ def mixed_options(directory, **changes):
     return options
 
 
+@pytest.mark.slow
 def test_two_processes_and_a_mid_epoch_resume_give_the_one_process_model(tmp_path):
     """Two energies, a scalar and a per-atom vector on two sections, one weighted and
     half of it sampled each epoch: SIGTERM a one-process run after its second epoch and
@@ -439,6 +442,7 @@ def last_weights(directory, options):
 
 
 @pytest.mark.parametrize("how", ["section", "per structure"])
+@pytest.mark.slow
 def test_a_weight_of_zero_gives_the_model_trained_without_the_section(tmp_path, how):
     """MACE #1335 and fairchem's per-data-set weights: a weight must act. Here a weight
     of 0 leaves the section's structures out (they are still validated), a weight of 2
@@ -477,6 +481,7 @@ def test_a_missing_per_structure_weight_is_named(tmp_path):
     one_line_error(train(tmp_path, options, "--check"), "b.xyz, frame 0", "weight_key")
 
 
+@pytest.mark.slow
 def test_fine_tuning_adds_a_head_and_keeps_the_others(two_energies, tmp_path):
     directory, run = two_energies
     options = write_options(
@@ -514,6 +519,7 @@ def test_fine_tuning_adds_a_head_and_keeps_the_others(two_energies, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_a_target_reads_the_same_from_a_file_and_from_a_directory(tmp_path):
     """A float64 model with an extra target is the same trained from an extended XYZ
     file and from its memory-mapped directory (metatrain's layout: <key>.bin, and

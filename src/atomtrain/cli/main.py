@@ -95,11 +95,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The command line's entry: ``main``, then a quick exit. Once a command has
-    finished, Python's teardown of the modules it imported (torch, torch._dynamo,
+    """The command line's entry: ``main``, then, when the command succeeded, a quick
+    exit. Python's teardown of the modules a command imported (torch, torch._dynamo,
     sympy, matplotlib) takes 0.9 s here, a sixth of a short training run: the exit
-    handlers run (logging's flush among them) and the process ends without it."""
+    handlers run (logging's flush among them) and the process ends without it. A failed
+    command ends as usual: a rank that failed hosts the rendezvous store while it tears
+    down, which is when its peers, blocked in a collective, learn why it stopped."""
     code = main()
+    if code != 0:
+        raise SystemExit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -125,7 +125,12 @@ def _roll_call(
         store.set_timeout(datetime.timedelta(seconds=wait))
         if store.check([FAILED_KEY]):
             failed_rank, failed_host, _ = store.get(FAILED_KEY).decode().split("|", 2)
-            store.set(f"{ACK_PREFIX}{rank}", "1")
+            try:
+                store.set(f"{ACK_PREFIX}{rank}", "1")
+            except Exception:
+                # rank 0 may end as soon as it sees the acknowledgement, before the
+                # store's answer to it reaches this rank: the reason is known already
+                pass
             return PeerReportedError(
                 f"stopping because rank {failed_rank} on {failed_host} failed (its error "
                 "is shown by that rank)"

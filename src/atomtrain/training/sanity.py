@@ -292,29 +292,28 @@ def length_suggestion(found: Survey, length_unit: str) -> str | None:
 def energy_findings(found: Survey, energy_unit: str) -> list[Finding]:
     """Energies and forces far from any atomistic data set's, with the unit that would
     bring them back."""
-    result = []
     declared = ENERGY_UNITS[energy_unit.strip().lower()]
-    low, high = ENERGY_SPREAD
-    spread = found.energy_spread
-    if spread is not None and spread > 0 and not low <= spread <= high:
-        result.append(
-            Finding(
-                "energy_spread",
-                f"the energies spread {spread:.3g} eV per atom about a per-element baseline "
-                f"(typical data: {low:g}-{high:g} eV per atom); "
-                + energy_suggestion(spread, (low * high) ** 0.5, declared, energy_unit),
-            )
-        )
-    low, high = FORCE_SCALE
-    scale = found.force_rms
-    if scale is not None and scale > 0 and not low <= scale <= high:
-        result.append(
-            Finding(
-                "force_scale",
-                f"the forces' RMS component is {scale:.3g} eV/A (typical data: {low:g}-{high:g} "
-                "eV/A); " + energy_suggestion(scale, (low * high) ** 0.5, declared, energy_unit),
-            )
-        )
+    checks = [
+        (
+            "energy_spread",
+            found.energy_spread,
+            ENERGY_SPREAD,
+            "the energies spread {} eV per "
+            "atom about a per-element baseline (typical data: {}-{} eV per atom)",
+        ),
+        (
+            "force_scale",
+            found.force_rms,
+            FORCE_SCALE,
+            "the forces' RMS component is {} eV/A (typical data: {}-{} eV/A)",
+        ),
+    ]
+    result = []
+    for name, value, (low, high), text in checks:
+        if value is not None and value > 0 and not low <= value <= high:
+            suggestion = energy_suggestion(value, (low * high) ** 0.5, declared, energy_unit)
+            said = text.format(f"{value:.3g}", f"{low:g}", f"{high:g}")
+            result.append(Finding(name, f"{said}; {suggestion}"))
     return result
 
 
