@@ -438,13 +438,11 @@ class Trainer:
             append_csv(self.run.directory / "train.csv", row)
 
     def finish(self) -> dict[str, dict[str, float]]:
-        """Evaluate the best model on every set, log the table, export, plot (in a
-        process of its own, meanwhile), and say where the time went."""
+        """Evaluate the best model on every set, log the table, export (the learning
+        curves drawn meanwhile by a process of their own), and say where the time
+        went."""
         context = self.context
         directory = self.run.directory
-        curves = None
-        if context.is_main and (directory / "train.csv").exists():
-            curves = CurvesInBackground(directory / "train.csv", directory / "learning_curves.png")
         self.model.load_state_dict(self.best_state)
         self.adapt_threads()
         with self.phases.timed("refit"):
@@ -468,6 +466,13 @@ class Trainer:
         logger.info(f"best model: epoch {self.best_epoch}")
         logger.info(metrics_table(results))
         if context.is_main:
+            curves = None
+            if (directory / "train.csv").exists():
+                # drawn meanwhile; started after the evaluation, whose thread count
+                # would otherwise follow the child as another job on a core
+                curves = CurvesInBackground(
+                    directory / "train.csv", directory / "learning_curves.png"
+                )
             with self.phases.timed("export"):
                 if refitted:
                     best = self.model.state_dict()  # once: MACE on cuequivariance converts it
