@@ -168,6 +168,7 @@ def test_survey_warnings_name_their_silencer_and_it_silences_them(tmp_path, caps
 
     console = check()
     assert "data survey (28 training structures" in console
+    assert "usable, but see the 2 warning(s) above" in console
     assert "silence_warnings: [force_scale]" in console
     assert "declare the energy target's unit: eV (it is meV)" in console
     console = check(silence_warnings=["force_scale", "energy_spread"])

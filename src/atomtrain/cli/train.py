@@ -113,7 +113,9 @@ def check_only(options: Options, launch: LaunchInfo, pretrained: EnergyModel | N
         f"epochs; {launch.world_size} process(es) ({launch.kind}) on "
         f"{device_type(options.device)}"
     )
-    logger.info("options and data are usable; nothing was trained (--check)")
+    warned = prepared.survey_warnings
+    caveat = f", but see the {warned} warning(s) above" if warned else ""
+    logger.info(f"options and data are usable{caveat}; nothing was trained (--check)")
     return 0
 
 

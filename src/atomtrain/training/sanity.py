@@ -335,11 +335,12 @@ def check_training_data(
     files: list[tuple[str, FrameSet]],
     cutoff: float,
     silenced: list[str],
-) -> list[Survey]:
+) -> int:
     """Survey each training file, log the report and warn of what looks wrong (unless
-    silenced); raise DataError where training cannot be meaningful."""
+    silenced); raise DataError where training cannot be meaningful. Returns how many
+    warnings were given."""
     budget = max(SURVEY_STRUCTURES // max(len(files), 1), 100)
-    surveys = []
+    warned = 0
     for dataset, (path, structures) in zip(sections, files):
         if not len(structures):
             continue
@@ -357,5 +358,5 @@ def check_training_data(
                 logger.warning(
                     f"{path}: {finding.text} (silence with silence_warnings: [{finding.name}])"
                 )
-        surveys.append(found)
-    return surveys
+                warned += 1
+    return warned

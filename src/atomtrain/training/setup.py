@@ -234,6 +234,7 @@ class Prepared:
     datasets: Datasets
     model: EnergyModel  # on the CPU, in the training precision, with its baseline
     plan: BatchPlan
+    survey_warnings: int = 0  # what the data survey warned of
 
 
 def prepare(
@@ -298,7 +299,7 @@ def prepare(
         fit_baseline(model, training, options, context)
         fit_target_baselines(model, training, context)
     assign_energy_variants(datasets, model.energy_names)
-    check_training_data(
+    warned = check_training_data(
         options.training_set,
         datasets.files["training"],
         float(model.cutoff),
@@ -306,4 +307,4 @@ def prepare(
     )
     model.trained_on = describe_training(datasets, starting_point(options))
     plan = batch_plan(training, options.architecture.training, seed, context, datasets.shares)
-    return Prepared(datasets, model, plan)
+    return Prepared(datasets, model, plan, warned)
