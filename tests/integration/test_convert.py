@@ -16,7 +16,7 @@ from ase.calculators.singlepoint import SinglePointCalculator
 
 from atomtrain.cli.main import main
 from atomtrain.data import read_structures
-from atomtrain.data.convert import MANIFEST
+from atomtrain.data.layout import MANIFEST
 from atomtrain.data.neighbors import compute_neighbor_list
 
 from conftest import RESOURCES
@@ -352,12 +352,12 @@ def test_a_large_directory_is_verified_by_sizes_and_sampled_blocks(tmp_path, mon
     read."""
     import logging
 
-    from atomtrain.data import convert as conversion
+    from atomtrain.data import layout
     from atomtrain.errors import DataError
 
-    monkeypatch.setattr(conversion, "FULLY_VERIFIED_BYTES", 1000)
-    monkeypatch.setattr(conversion, "SAMPLED_BLOCKS", 4)
-    monkeypatch.setattr(conversion, "SAMPLED_BLOCK_BYTES", 16)
+    monkeypatch.setattr(layout, "FULLY_VERIFIED_BYTES", 1000)
+    monkeypatch.setattr(layout, "SAMPLED_BLOCKS", 4)
+    monkeypatch.setattr(layout, "SAMPLED_BLOCK_BYTES", 16)
     assert convert(RESOURCES / "ethanol_40.xyz", "-o", tmp_path / "out") == 0
     positions = tmp_path / "out" / "x.bin"
     original = positions.read_bytes()
@@ -366,7 +366,7 @@ def test_a_large_directory_is_verified_by_sizes_and_sampled_blocks(tmp_path, mon
     handler = logging.Handler()
     handler.emit = records.append
     # a training run's logging setup stops propagation at the atomtrain logger
-    logger = logging.getLogger(conversion.__name__)
+    logger = logging.getLogger(layout.__name__)
     logger.addHandler(handler)
     previous = logger.level
     logger.setLevel(logging.INFO)

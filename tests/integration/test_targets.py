@@ -18,7 +18,8 @@ import yaml
 
 from atomtrain.ase import Calculator
 from atomtrain.cli.main import main
-from atomtrain.data.extxyz import TargetKeys, read_structures
+from atomtrain.data.extxyz import TargetKeys
+from atomtrain.data.reading import read_structures
 from atomtrain.training.checkpoint import load_checkpoint, model_from_checkpoint
 from atomtrain.training.evaluation import predict
 

@@ -14,7 +14,8 @@ import torch
 from scipy.spatial.transform import Rotation
 
 from atomtrain.data import collate
-from atomtrain.data.extxyz import TargetKeys, read_structures
+from atomtrain.data.extxyz import TargetKeys
+from atomtrain.data.reading import read_structures
 from atomtrain.data.system import Structure
 from atomtrain.errors import DataError
 from atomtrain.models import registry

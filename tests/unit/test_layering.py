@@ -38,6 +38,33 @@ def test_lower_layers_do_not_import_upper_ones(layer, forbidden):
     assert list((PACKAGE / layer).glob("*.py"))  # the layer is where the test looks
 
 
+def sibling_imports(path: Path) -> set[str]:
+    """Modules of the same package that ``path`` imports (``from .x import``), at the
+    top or inside functions."""
+    return {
+        node.module.split(".")[0]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+    }
+
+
+def test_the_data_modules_import_each_other_without_a_circle():
+    """The reader of a converted directory once imported its writer's manifest, and the
+    xyz reader the directory reader: the layout now lives apart (layout.py), and one
+    module (reading.py) dispatches to both readers."""
+    graph = {path.stem: sibling_imports(path) for path in (PACKAGE / "data").glob("*.py")}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for module in graph.get(start, ()):
+            if module == goal or (module not in seen and reaches(module, goal, seen | {module})):
+                return True
+        return False
+
+    circles = sorted(module for module in graph if reaches(module, module, {module}))
+    assert circles == []
+    assert "layout" in graph["memmap"] and "convert" not in graph["memmap"]
+
+
 def architecture_imports(path: Path) -> list[str]:
     """Imports of ``path`` that name an architecture package (models.soap_bpnn, ...)."""
     from atomtrain.models import registry

@@ -22,7 +22,6 @@ import vesin
 from ..errors import DataError
 from ..targets import TargetSpec
 from ..units import unit_factor
-from .frames import FrameSet, frames_from_structures
 from .system import Structure
 
 logger = logging.getLogger(__name__)
@@ -377,37 +376,6 @@ class FrameReader:
             },
             weight=self.weight_of(index, atoms),
         )
-
-
-def read_structures(
-    path: str | Path, keys: TargetKeys | None = None, units: Units | None = None
-) -> FrameSet:
-    """Read every frame of an extended XYZ file (or a memmap directory) in angstrom and
-    eV.
-
-    Forces (stress) are read from every frame when ``keys.read_forces`` is True, when it
-    is None and the first frame has them; a frame that lacks them then is an error.
-    """
-    path = Path(path)
-    keys = keys or TargetKeys()
-    if path.is_dir():  # metatrain's memory-mapped layout
-        from .memmap import read_directory
-
-        if keys.weight is not None:
-            raise DataError(
-                f"{path}: per-structure weights (weight_key) cannot be read from a "
-                "memory-mapped directory yet; give the section a weight instead"
-            )
-
-        return read_directory(path, keys, units or Units())
-    reader = FrameReader(path, keys, units or Units())
-    frames = read_frames(path)
-    forces, stress = targets_wanted(frames[0], keys)
-    structures = [
-        reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)
-    ]
-    reader.report_close_pairs()
-    return FrameSet.whole(frames_from_structures(str(path), structures))
 
 
 def targets_wanted(first: ase.Atoms, keys: TargetKeys) -> tuple[bool, bool]:

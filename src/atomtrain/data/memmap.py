@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .convert import PAIRS_PREFIX, check_manifest
 from .extxyz import SUSPECT_DISTANCE, FrameReader, TargetKeys, Units
 from .frames import Frames, FrameSet, TargetColumn, cache_mapped_sources
+from .layout import PAIRS_PREFIX, check_manifest
 
 REQUIRED = ("ns.npy", "na.npy", "x.bin", "a.bin")
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.extxyz import TargetKeys, Units, read_structures
+from ..data.extxyz import TargetKeys, Units
 from ..data.frames import FrameSet
+from ..data.reading import read_structures
 from ..data.split import split_indices
 from ..errors import DataError
 from ..options import DatasetOptions, Options
