@@ -162,6 +162,26 @@ class FinetuneOptions(Strict):
     run does not train are kept as they are."""
 
 
+def _selection_metric(value: str) -> str:
+    """best_model_metric: loss, a product, or one error (``<target>_rmse`` or ``_mae``;
+    a bare target name means its RMSE). Whether the run has that target is checked
+    when its data is read."""
+    if value in ("loss", "rmse_prod", "mae_prod") or value.endswith(("_rmse", "_mae")):
+        return value
+    if value == "energy":
+        return "energy_per_atom_rmse"
+    if value in ("forces", "stress", "virial", "energy_per_atom", "virial_per_atom"):
+        return {"stress": "stress_rmse", "virial": "virial_per_atom_rmse"}.get(
+            value, f"{value}_rmse"
+        )
+    if value.startswith("mtt::"):
+        return f"{value}_rmse"
+    raise ValueError(
+        f"'{value}' is not a validation error: give loss, rmse_prod, mae_prod, or one "
+        "error such as forces_rmse, energy_per_atom_mae or mtt::dipole_rmse"
+    )
+
+
 class TrainingOptions(Strict):
     batch_size: Annotated[int, Field(ge=1)] = 8
     """Structures per optimisation step, summed over all processes (the global batch;
@@ -245,11 +265,15 @@ class TrainingOptions(Strict):
     section and atomic_types, recorded in this run's options.yaml), weights, per-element
     baseline and scale; the optimizer and learning-rate schedule start anew on this
     run's data. Model keys set here must agree with the checkpoint's."""
-    best_model_metric: Literal["loss", "rmse_prod", "mae_prod"] = "loss"
+    best_model_metric: Annotated[str, AfterValidator(_selection_metric)] = "loss"
     """How the best model (model.pt, best.ckpt) is picked from the validation errors:
-    "loss", the errors weighed as the loss weighs them (stress as a virial per atom);
-    "rmse_prod" or "mae_prod", the product of the RMSEs (MAEs) of energy per atom,
-    forces and virial per atom, metatrain's choice (its default is rmse_prod)."""
+    "loss", the errors weighed as the loss weighs them (stress as a virial per atom;
+    each mtt:: target by its own loss type); "rmse_prod" or "mae_prod", the product of
+    the RMSEs (MAEs) of energy per atom, forces, virial per atom and every mtt::
+    target, metatrain's choice (its default is rmse_prod); or one validation error of
+    train.csv, e.g. "forces_rmse", "energy_per_atom_mae", "mtt::dipole_rmse" (a target's
+    name alone, e.g. "mtt::dipole" or "forces", means its RMSE; "energy" the energy per
+    atom's)."""
     distributed: bool | None = None
     """metatrain's switch for distributed training: atomtrain finds out how it was
     launched, so the key is accepted and ignored."""

@@ -98,6 +98,20 @@ def test_csv_has_one_row_per_logged_epoch(trained):
     assert float(rows[-1]["train_loss"]) < float(rows[0]["train_loss"])
 
 
+def test_the_best_model_may_be_picked_by_one_named_error(tmp_path):
+    options = write_options(
+        tmp_path,
+        ETHANOL,
+        architecture__training__best_model_metric="forces_mae",
+        architecture__training__num_epochs=4,
+    )
+    assert train(tmp_path, options) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    with (run / "train.csv").open() as stream:
+        errors = [float(row["validation_forces_mae (eV/A)"]) for row in csv.DictReader(stream)]
+    assert f"best model: epoch {1 + errors.index(min(errors))}" in (run / "train.log").read_text()
+
+
 def test_the_log_ends_with_the_time_of_each_phase(trained):
     """A short run spends as much time outside its epochs as in them: the log's last
     line says where (docs/performance-notes.md, "Short runs")."""

@@ -11,12 +11,14 @@ from atomtrain.data import FrameSet, TargetKeys, collate
 from atomtrain.data.neighbors import compute_neighbor_list
 from atomtrain.data.sampler import shard_by_work
 from atomtrain.distributed.context import single_process
+from atomtrain.errors import OptionsError
 from atomtrain.options import LossOptions, parse_options
 from atomtrain.training.batches import global_counts
 from atomtrain.training.evaluation import metric_sums, predict
 from atomtrain.training.loop import selection_metric
 from atomtrain.training.losses import GlobalCounts, batch_loss
 from atomtrain.training.metrics import SUM_NAMES, MetricSums, finalize, resumed_sums
+from atomtrain.training.setup import check_selection_metric
 
 from conftest import RESOURCES
 from helpers import read, small_model, structure_from_atoms
@@ -84,6 +86,39 @@ def test_metatrain_best_model_metric_is_the_product_of_the_errors():
         training = {"best_model_metric": choice}
         options = parse_options({"training_set": "x.xyz", "architecture": {"training": training}})
         assert selection_metric(metrics, options) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "named, used",
+    [
+        ("forces_mae", "forces_mae"),
+        ("forces", "forces_rmse"),
+        ("energy", "energy_per_atom_rmse"),
+        ("mtt::dipole", "mtt::dipole_rmse"),
+        ("mtt::dipole_mae", "mtt::dipole_mae"),
+    ],
+)
+def test_best_model_metric_may_name_one_error_of_any_target(named, used):
+    metrics = {"energy_per_atom_rmse": 0.02, "forces_rmse": 0.5, "forces_mae": 0.3}
+    metrics |= {"mtt::dipole_rmse": 0.07, "mtt::dipole_mae": 0.05}
+    training = {"best_model_metric": named}
+    options = parse_options({"training_set": "x.xyz", "architecture": {"training": training}})
+    assert options.architecture.training.best_model_metric == used
+    assert selection_metric(metrics, options, ("mtt::dipole",)) == metrics[used]
+    check_selection_metric(used, set(metrics))
+    with pytest.raises(OptionsError, match="gives no 'stress_rmse'; it gives energy_per_atom"):
+        check_selection_metric("stress_rmse", set(metrics))
+
+
+def test_a_target_with_its_own_loss_type_is_weighed_by_it_in_the_selection():
+    """An mtt:: target trained with an MAE loss beside an MSE energy counts its MAE."""
+    metrics = {"energy_per_atom_rmse": 0.02, "mtt::dipole_rmse": 0.07, "mtt::dipole_mae": 0.05}
+    loss = {"mtt::dipole": {"type": "mae", "weight": 2.0}}
+    training = {"loss": loss}
+    options = parse_options({"training_set": "x.xyz", "architecture": {"training": training}})
+    assert selection_metric(metrics, options, ("mtt::dipole",)) == pytest.approx(
+        0.02**2 + 2.0 * 0.05, rel=1e-12
+    )
 
 
 def test_sums_of_an_older_checkpoint_resume_with_the_new_sums_at_zero():

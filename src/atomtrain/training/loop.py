@@ -59,23 +59,30 @@ def selection_metric(
 ) -> float:
     """What validation picks the best model by (``best_model_metric``): by default the
     per-target errors weighed as the loss weighs them (MAE for an MAE loss, else squared
-    errors), stress counted as the loss counts it, as a virial per atom: in eV/A^3 its
-    errors are some 400 times smaller squared, and the model with the best forces was
-    chosen whatever its energies on strained cells (docs/performance-notes.md). Or
-    metatrain's product of the RMSEs (MAEs) of the targets present."""
+    errors; an mtt:: target by its own loss type), stress counted as the loss counts
+    it, as a virial per atom: in eV/A^3 its errors are some 400 times smaller squared,
+    and the model with the best forces was chosen whatever its energies on strained
+    cells (docs/performance-notes.md). Or metatrain's product of the RMSEs (MAEs) of the
+    targets present, or one error the options name."""
     training = options.architecture.training
+    chosen = training.best_model_metric
     names = ("energy_per_atom", "forces", "virial_per_atom", *targets)
-    if training.best_model_metric != "loss":
-        kind = training.best_model_metric.removesuffix("_prod")
-        chosen = [f"{target}_{kind}" for target in names]
-        return math.prod(metrics[name] for name in chosen if name in metrics)
+    if chosen in ("rmse_prod", "mae_prod"):
+        kind = chosen.removesuffix("_prod")
+        return math.prod(metrics[f"{t}_{kind}"] for t in names if f"{t}_{kind}" in metrics)
+    if chosen != "loss":
+        return metrics[chosen]
     loss = training.loss
     weights = loss.weights  # type: ignore[union-attr]
     kind = "mae" if loss.type == "mae" else "rmse"  # type: ignore[union-attr]
-    total = 0.0
+    kinds = [kind] * 3 + [
+        "mae" if loss.target_loss(name)[0] == "mae" else "rmse"  # type: ignore[union-attr]
+        for name in targets
+    ]
     target_weights = [loss.target_weight(name) for name in targets]  # type: ignore[union-attr]
-    for target, weight in zip(
-        names, (weights.energy, weights.forces, weights.stress, *target_weights)
+    total = 0.0
+    for target, weight, kind in zip(
+        names, (weights.energy, weights.forces, weights.stress, *target_weights), kinds
     ):
         value = metrics.get(f"{target}_{kind}")
         if value is not None:

@@ -222,6 +222,27 @@ def assign_energy_variants(datasets: Datasets, energy_names: list[str]) -> None:
                     frames.energy_variant = energy_names.index(frames.energy_name)
 
 
+def validated_errors(validation: FrameSet) -> set[str]:
+    """The errors validation reports on ``validation`` (names as in train.csv)."""
+    with_forces, with_stress = validation.count_known()
+    present = []
+    if len(validation) and validation.gathered("energy_known").any():
+        present += ["energy_per_atom", "energy"]
+    present += ["forces"] * (with_forces > 0) + ["stress", "virial_per_atom"] * (with_stress > 0)
+    present += [name for name in validation.target_columns() if validation.target_known(name).any()]
+    return {f"{name}_{kind}" for name in present for kind in ("rmse", "mae")}
+
+
+def check_selection_metric(chosen: str, available: set[str]) -> None:
+    """A best_model_metric that names one error must name one validation gives."""
+    if chosen in ("loss", "rmse_prod", "mae_prod") or chosen in available:
+        return
+    raise OptionsError(
+        f"architecture.training.best_model_metric: this run's validation gives no "
+        f"'{chosen}'; it gives {', '.join(sorted(available))}"
+    )
+
+
 def fresh_seed() -> int:
     """The seed of a run whose options give none (rank 0's, shared with the others)."""
     return random.SystemRandom().randrange(2**31)
@@ -259,6 +280,9 @@ def prepare(
         )
     datasets = load_datasets(options, seed)
     logger.info(describe_data(datasets))
+    check_selection_metric(
+        options.architecture.training.best_model_metric, validated_errors(datasets.validation)
+    )
     training = datasets.training
     dtype = training_dtype(options)
     torch.manual_seed(seed)
