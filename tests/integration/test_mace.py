@@ -453,8 +453,9 @@ def fit_baseline_saying(model, structures, options, context) -> list[str]:
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    forces_scale = registry.architecture(options.architecture.name).scale_from_forces
     try:
-        fit_baseline(model, structures, options, context)
+        fit_baseline(model, structures, options, context, forces_scale)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -468,7 +469,9 @@ def test_mace_scales_its_outputs_by_the_rms_of_the_training_forces():
     context = single_process(torch.device("cpu"))
     for name, model in [("mace", tiny_mace([1, 6, 8])), ("soap_bpnn", small_model([1, 6, 8]))]:
         options = parse_options({"training_set": str(ETHANOL), "architecture": {"name": name}})
-        fit_baseline(model, structures, options, context)
+        fit_baseline(
+            model, structures, options, context, registry.architecture(name).scale_from_forces
+        )
         rms = float(forces.double().pow(2).mean().sqrt())
         assert (float(model.scale) == pytest.approx(rms, rel=1e-12)) == (name == "mace")
     # without forces, MACE too takes the energies' spread, and says so

@@ -13,7 +13,6 @@ from atomtrain.models import registry
 from atomtrain.models.architecture import DataFacts
 from atomtrain.options import load_options, parse_options
 from atomtrain.training.datasets import file_labels
-from atomtrain.training.setup import build_model
 
 from conftest import RESOURCES, ROOT
 
@@ -348,11 +347,11 @@ def test_the_model_section_of_a_models_hyperparameters_builds_that_model():
         "bpnn": {"num_hidden_layers": 1, "num_neurons_per_layer": 16, "layernorm": False},
     }
     options = parse_options({"training_set": "a.xyz", "architecture": {"model": model_section}})
-    model = build_model(options, DataFacts([1, 8]))
-    architecture = registry.architecture(model.hypers["architecture"])
+    architecture = registry.architecture(options.architecture.name)
+    model = architecture.build(options.architecture.model, DataFacts([1, 8]))
     options.architecture.model = architecture.options_from(model.hypers)
     assert options.architecture.model.model_dump(include={"soap", "bpnn"}) == model_section
-    assert build_model(options, DataFacts([1, 8])).hypers == model.hypers
+    assert architecture.build(options.architecture.model, DataFacts([1, 8])).hypers == model.hypers
     flat = {
         "atomic_types": [1, 8],
         "cutoff": 4.0,

@@ -12,7 +12,6 @@ import torch
 
 from ..data.frames import FrameSet
 from ..distributed import Context
-from ..models import registry
 from ..models.composition import (
     composition_counts,
     determined_directions,
@@ -91,11 +90,15 @@ def by_energy(training: FrameSet, model: EnergyModel) -> list[tuple[int, str, Fr
 
 
 def fit_baseline(
-    model: EnergyModel, training: FrameSet, options: Options, context: Context
+    model: EnergyModel,
+    training: FrameSet,
+    options: Options,
+    context: Context,
+    scale_from_forces: bool = False,
 ) -> None:
     """Each energy's per-element energies and scale (see fit_energy_baseline)."""
     for position, name, structures in by_energy(training, model):
-        fit_energy_baseline(model, structures, options, context, position, name)
+        fit_energy_baseline(model, structures, options, context, scale_from_forces, position, name)
 
 
 def fit_energy_baseline(
@@ -103,13 +106,15 @@ def fit_energy_baseline(
     training: FrameSet,
     options: Options,
     context: Context,
+    scale_from_forces: bool = False,
     variant: int = 0,
     name: str = "energy",
 ) -> None:
     """Per-element energies by least squares and the target scale, from all training
     structures: each rank adds up its shard, one all-reduce, the same solve everywhere.
     The fixed atomic_baseline holds for the first energy only (a variant is another
-    level of theory, with other atomic energies)."""
+    level of theory, with other atomic energies). ``scale_from_forces``: the
+    architecture's choice (Architecture.scale_from_forces)."""
     types = model.atomic_types
     fixed = {int(z): float(e) for z, e in options.architecture.training.atomic_baseline.items()}
     fixed = fixed if variant == 0 else {}
@@ -130,9 +135,8 @@ def fit_energy_baseline(
     span = determined_directions(packed[n_free * (n_free + 1) :].reshape(n_types, n_types))
     scale, measured = 1.0, "eV"
     if options.architecture.training.scale_targets:
-        architecture = registry.architecture(options.architecture.name)
         spread = torch.zeros(2, dtype=torch.float64)
-        if architecture.scale_from_forces:
+        if scale_from_forces:
             spread = force_spread(training, context)
         if spread[1] > 0:
             measured = "eV/A, the RMS of the force components"

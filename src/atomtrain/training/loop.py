@@ -21,7 +21,6 @@ import tqdm
 from ..data.frames import FrameSet
 from ..distributed import Context
 from ..errors import AtomtrainError
-from ..models import registry
 from ..models.energy_model import EnergyModel
 from ..models.export import copy_export, export
 from ..options import Options, expanded
@@ -132,16 +131,16 @@ class Trainer:
         self.datasets: Datasets = prepared.datasets
         self.model = prepared.model
         self.plan = prepared.plan
+        self.cutoff = prepared.cutoff
         self.adapt_threads()  # reading may have taken long enough to tell
         training = self.datasets.training
         self.validation_files = labelled_files(self.datasets.files["validation"])
         with_forces, with_stress = training.count_known()
         self.forces, self.stress = with_forces > 0, with_stress > 0
-        cutoff = float(self.model.cutoff)
         self.step_batches = StepBatches(
             training,
-            cutoff,
-            work(training, cutoff, context),
+            self.cutoff,
+            work(training, self.cutoff, context),
             context.rank,
             context.world_size,
             self.forces,
@@ -158,7 +157,7 @@ class Trainer:
             record = expanded(options)
             record["seed"] = seed
             write_run_record(run.directory, record, self.datasets.split)
-        architecture = registry.architecture(options.architecture.name)
+        architecture = prepared.architecture
         architecture.check_device(context.device)
         self.model.to(context.device)
         self.model.use_kernels_for(context.device)

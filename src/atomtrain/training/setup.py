@@ -17,7 +17,7 @@ from ..data.sampler import BatchPlan, pack_once
 from ..distributed import Context
 from ..errors import DataError, OptionsError
 from ..models import registry
-from ..models.architecture import DataFacts
+from ..models.architecture import Architecture, DataFacts
 from ..models.energy_model import EnergyModel
 from ..options import FINETUNE_LEARNING_RATE, Options, TrainingOptions
 from ..targets import TargetSpec
@@ -59,18 +59,13 @@ def model_elements(options: Options, training: FrameSet) -> list[int]:
     return options.architecture.atomic_types or sorted(training.elements())
 
 
-def build_model(options: Options, facts: DataFacts) -> EnergyModel:
-    """A new model of the options' architecture, built from its model section."""
-    architecture = registry.architecture(options.architecture.name)
-    return architecture.build(options.architecture.model, facts)
-
-
-def data_facts(options: Options, training: FrameSet, context: Context) -> DataFacts:
+def data_facts(
+    architecture: Architecture, options: Options, training: FrameSet, context: Context
+) -> DataFacts:
     """The elements of a new model, and the mean neighbor count when its architecture
     asks for it: from every rank's share, as sums of pairs and atoms, so that it is the
     same whatever the number of processes."""
     facts = DataFacts(model_elements(options, training))
-    architecture = registry.architecture(options.architecture.name)
     cutoff = architecture.average_neighbors_within(options.architecture.model)
     if cutoff is not None:
         facts.average_neighbors = average_neighbors(training, cutoff, context)
@@ -189,6 +184,7 @@ def fit_added_heads(
     context: Context,
     dtype: torch.dtype,
     names: set[str],
+    scale_from_forces: bool,
 ) -> None:
     """The baselines and scales of the heads a fine-tuning run adds (``names``): an
     energy's from its structures, or, for a variant that learns its difference to the
@@ -202,7 +198,9 @@ def fit_added_heads(
                 model, structures, options, context, dtype, position, name, required=True
             )
         else:
-            fit_energy_baseline(model, structures, options, context, position, name)
+            fit_energy_baseline(
+                model, structures, options, context, scale_from_forces, position, name
+            )
     fit_target_baselines(model, training, context, only=names)
 
 
@@ -255,6 +253,8 @@ class Prepared:
     datasets: Datasets
     model: EnergyModel  # on the CPU, in the training precision, with its baseline
     plan: BatchPlan
+    architecture: Architecture  # the model's, looked up once
+    cutoff: float  # the model's, in angstrom
     survey_warnings: int = 0  # what the data survey warned of
 
 
@@ -312,23 +312,28 @@ def prepare(
             main = by_energy(training, model)[0][2]
             refit_undetermined_baseline(model, main, context)
         fit_added_heads(
-            model, training, options, context, dtype, heads_to_fit(model, added, inherit)
+            model,
+            training,
+            options,
+            context,
+            dtype,
+            heads_to_fit(model, added, inherit),
+            architecture.scale_from_forces,
         )
     else:
-        model = build_model(options, data_facts(options, training, context))
+        facts = data_facts(architecture, options, training, context)
+        model = architecture.build(options.architecture.model, facts)
         if specs or energy_names != ["energy"]:
             model.attach_targets(specs, energy_names)
         model.set_precision(dtype)
         assign_energy_variants(datasets, model.energy_names)
-        fit_baseline(model, training, options, context)
+        fit_baseline(model, training, options, context, architecture.scale_from_forces)
         fit_target_baselines(model, training, context)
     assign_energy_variants(datasets, model.energy_names)
+    cutoff = float(model.cutoff)
     warned = check_training_data(
-        options.training_set,
-        datasets.files["training"],
-        float(model.cutoff),
-        options.silence_warnings,
+        options.training_set, datasets.files["training"], cutoff, options.silence_warnings
     )
     model.trained_on = describe_training(datasets, starting_point(options))
     plan = batch_plan(training, options.architecture.training, seed, context, datasets.shares)
-    return Prepared(datasets, model, plan, warned)
+    return Prepared(datasets, model, plan, architecture, cutoff, warned)
