@@ -84,7 +84,11 @@ def architecture_imports(path: Path) -> list[str]:
 def test_only_architecture_packages_and_tests_name_an_architecture(tmp_path):
     """The trainer, eval, export, checkpoints and fine-tuning reach architectures through
     the registry: a new architecture is its package and one line there."""
-    architecture_packages = {PACKAGE / "models" / name for name in ("soap_bpnn", "mace")}
+    from atomtrain.models import registry
+
+    architecture_packages = {
+        PACKAGE / "models" / module.split(".")[-1] for module in registry.PACKAGES.values()
+    }
     checked = [
         path
         for path in PACKAGE.rglob("*.py")

@@ -1,0 +1,230 @@
+"""One suite over every registered architecture (registry.known()): what any model
+atomtrain trains must do, whatever its package. A new architecture is a package and a
+registry line; it runs here with its section's defaults, or with a small section from
+SMALL_SECTIONS when its defaults are slow.
+
+- energies invariant, forces and stress equivariant under rotation, to float64
+  precision, for a molecule and a strained periodic crystal;
+- forces and stress equal finite differences of the energy;
+- a float32 model gives the float64 model's energies to float32 precision;
+- a trained run's checkpoint gives the model its export gives, and that export runs
+  in a process that never imports atomtrain (slow);
+- fine-tuning starts from the trained model (slow);
+- ``--nproc 2`` trains the one-process model (slow).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import ase
+import ase.build
+import ase.io
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.transform import Rotation
+
+from atomtrain.cli.main import main
+from atomtrain.models import registry
+from atomtrain.training.checkpoint import best_model, load_checkpoint
+
+from conftest import RESOURCES
+from helpers import SMALL_MODEL, run_directories, run_model, structure_from_atoms, write_options
+
+ETHANOL = RESOURCES / "ethanol_40.xyz"
+SMALL_SECTIONS = {
+    "soap_bpnn": SMALL_MODEL,
+    "mace": {
+        "r_max": 4.0,
+        "num_radial_basis": 4,
+        "max_ell": 2,
+        "hidden_irreps": "4x0e + 4x1o",
+        "correlation": 2,
+        "num_interactions": 2,
+        "radial_MLP": [8],
+        "MLP_irreps": "4x0e",
+    },
+}
+ARCHITECTURES = registry.known()
+
+
+def new_model(name: str, atomic_types: list[int], dtype=torch.float64, seed: int = 0):
+    """A small untrained model with a non-trivial baseline and scale."""
+    torch.manual_seed(seed)
+    model = registry.new_model(name, atomic_types, 9.0, **SMALL_SECTIONS.get(name, {}))
+    model = model.set_precision(dtype)
+    model.set_baseline(torch.linspace(-3.0, -1.0, len(atomic_types)), 0.7)
+    return model
+
+
+def molecule() -> ase.Atoms:
+    return ase.io.read(ETHANOL, index=2)
+
+
+def crystal() -> ase.Atoms:
+    """Rattled, sheared rutile-like TiO2: two elements, a cell that is not orthogonal."""
+    atoms = ase.Atoms(
+        "Ti2O4",
+        scaled_positions=[
+            [0, 0, 0],
+            [0.5, 0.5, 0.5],
+            [0.3, 0.3, 0],
+            [0.7, 0.7, 0],
+            [0.8, 0.2, 0.5],
+            [0.2, 0.8, 0.5],
+        ],
+        cell=[4.6, 4.6, 2.96],
+        pbc=True,
+    )
+    atoms.rattle(0.05, seed=1)
+    atoms.set_cell(atoms.cell.array @ (np.eye(3) + 0.03 * np.triu(np.ones((3, 3)), 1)), True)
+    return atoms
+
+
+def predictions(model, atoms: ase.Atoms) -> dict[str, np.ndarray]:
+    periodic = bool(atoms.pbc.all())
+    found = run_model(model, [structure_from_atoms(atoms)], stress=periodic)
+    return {key: value.detach().double().numpy() for key, value in found.items()}
+
+
+@pytest.mark.parametrize("make", [molecule, crystal])
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_energies_invariant_forces_and_stress_equivariant_under_rotation(name, make):
+    atoms = make()
+    model = new_model(name, sorted(set(atoms.numbers)))
+    rotation = Rotation.random(random_state=3).as_matrix()
+    rotated = atoms.copy()
+    rotated.positions = atoms.positions @ rotation.T
+    rotated.cell = atoms.cell.array @ rotation.T
+    before, after = predictions(model, atoms), predictions(model, rotated)
+    assert after["energy"][0] == pytest.approx(before["energy"][0], abs=1e-10, rel=0)
+    assert np.abs(before["forces"]).max() > 1e-3  # something to rotate
+    np.testing.assert_allclose(after["forces"], before["forces"] @ rotation.T, atol=1e-10)
+    if "stress" in before:
+        expected = rotation @ before["stress"][0] @ rotation.T
+        np.testing.assert_allclose(after["stress"][0], expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("make", [molecule, crystal])
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_forces_and_stress_equal_finite_differences(name, make):
+    atoms = make()
+    model = new_model(name, sorted(set(atoms.numbers)))
+
+    def energy(moved: ase.Atoms) -> float:
+        found = run_model(model, [structure_from_atoms(moved)], forces=False)
+        return float(found["energy"][0].detach())
+
+    predicted = predictions(model, atoms)
+    step = 1e-5
+    for atom, direction in [(0, 0), (1, 2), (len(atoms) - 1, 1)]:
+        shifted = []
+        for sign in (1, -1):
+            moved = atoms.copy()
+            moved.positions[atom, direction] += sign * step
+            shifted.append(energy(moved))
+        derivative = (shifted[0] - shifted[1]) / (2 * step)
+        assert predicted["forces"][atom, direction] == pytest.approx(-derivative, abs=1e-7)
+    if "stress" in predicted:
+        volume = atoms.get_volume()
+        assert np.abs(predicted["stress"]).max() > 1e-4
+        for i, j in [(0, 0), (1, 2), (2, 1)]:
+            shifted = []
+            for sign in (1, -1):
+                strain = np.eye(3)
+                strain[i, j] += sign * step
+                moved = atoms.copy()
+                moved.set_cell(atoms.cell.array @ strain.T, scale_atoms=True)
+                shifted.append(energy(moved))
+            derivative = (shifted[0] - shifted[1]) / (2 * step) / volume
+            assert predicted["stress"][0, i, j] == pytest.approx(derivative, abs=1e-7)
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_a_float32_model_gives_the_float64_energies_to_float32_precision(name):
+    atoms = crystal()
+    types = sorted(set(atoms.numbers))
+    high, low = new_model(name, types), new_model(name, types, torch.float32)
+    structure = structure_from_atoms(atoms)
+    energy64 = run_model(high, [structure])["energy"]
+    energy32 = run_model(low, [structure], dtype=torch.float32)["energy"]
+    assert energy32.dtype == torch.float64  # total energies are summed in float64
+    assert torch.allclose(energy32, energy64, rtol=1e-5)
+
+
+def options_for(directory, name, **changes):
+    directory.mkdir(parents=True, exist_ok=True)
+    return write_options(
+        directory,
+        ETHANOL,
+        architecture__name=name,
+        architecture__model=SMALL_SECTIONS.get(name, {}),
+        architecture__training__batch_size=4,
+        architecture__training__num_epochs=2,
+        **changes,
+    )
+
+
+def train(directory, options, *extra) -> object:
+    outputs = directory / "outputs"
+    assert main(["train", str(options), "--outputs", str(outputs), *map(str, extra)]) == 0
+    (run,) = run_directories(outputs)
+    return run
+
+
+ENGINE = """
+import json, sys
+import ase.io
+from metatomic_ase import MetatomicCalculator
+atoms = ase.io.read(sys.argv[2], 2)
+atoms.calc = MetatomicCalculator(sys.argv[1], extensions_directory=sys.argv[3])
+energy = atoms.get_potential_energy()
+print(json.dumps({"energy": energy, "atomtrain": "atomtrain" in sys.modules}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_checkpoint_export_and_fine_tuning_of_a_trained_run(name, tmp_path):
+    """The best checkpoint gives the exported model's energy in an engine's process
+    that never imports atomtrain; a fine-tuning run starts from that model."""
+    run = train(tmp_path / "first", options_for(tmp_path / "first", name))
+    model = best_model(run / "best.ckpt")
+    assert load_checkpoint(run / "best.ckpt")["architecture"] == name
+    ours = float(predictions(model, molecule())["energy"][0])
+    engine = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            ENGINE,
+            str(run / "model.pt"),
+            str(ETHANOL),
+            str(run / "extensions"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert engine.returncode == 0, engine.stderr[-2000:]
+    found = json.loads(engine.stdout.strip().splitlines()[-1])
+    assert not found["atomtrain"]
+    assert found["energy"] == pytest.approx(ours, abs=1e-6)
+    finetune = {"read_from": str(run / "best.ckpt")}
+    options = options_for(tmp_path / "second", name, architecture__training__finetune=finetune)
+    tuned = train(tmp_path / "second", options)
+    assert f"fine-tuning the best model of {run / 'best.ckpt'}" in (tuned / "train.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_two_processes_train_the_one_process_model(name, tmp_path):
+    weights = []
+    for processes in (1, 2):
+        directory = tmp_path / f"nproc{processes}"
+        run = train(directory, options_for(directory, name), "--nproc", processes)
+        weights.append(torch.load(run / "last.ckpt", weights_only=True)["model_state"])
+    for key, value in weights[0].items():
+        torch.testing.assert_close(weights[1][key], value, rtol=1e-10, atol=1e-12)
