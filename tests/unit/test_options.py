@@ -216,6 +216,21 @@ def test_docs_options_md_is_current():
     assert "batch_size" in generated and "global batch" in generated
 
 
+def test_docs_architectures_table_is_the_registrys():
+    generated = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "architectures_doc.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert generated in (ROOT / "docs" / "architectures.md").read_text(), (
+        "docs/architectures.md's table is stale: python scripts/architectures_doc.py"
+    )
+    from atomtrain.models import registry
+
+    assert all(f"| `{name}`" in generated for name in registry.known())
+
+
 def test_every_field_is_documented():
     from pydantic import BaseModel
 

@@ -12,6 +12,7 @@ from .. import __version__
 from ..distributed.env import detect_launch
 from ..distributed.faults import PeerFailure
 from ..errors import AtomtrainError
+from ..models import registry
 from ..runtime import keep_freed_memory
 from ..training.outputs import LOGGER_NAME
 from ..training.phases import mark_command_start
@@ -27,8 +28,8 @@ EXIT_INTERNAL_ERROR = 1
 def parser() -> argparse.ArgumentParser:
     main_parser = argparse.ArgumentParser(
         prog="atomtrain",
-        description="Train machine-learning interatomic potentials (SOAP-BPNN, MACE) on one CPU, "
-        "one GPU, several GPUs or many nodes.",
+        description="Train machine-learning interatomic potentials (architectures: "
+        f"{', '.join(registry.known())}) on one CPU, one GPU, several GPUs or many nodes.",
     )
     main_parser.add_argument("--version", action="version", version=f"atomtrain {__version__}")
     commands = main_parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -47,6 +47,13 @@ class Architecture:
     scale (the trainer fits them). The model's ``hypers`` record both."""
     references: dict[str, list[str]]
     """The exported model's references (metatomic's 'architecture' list and others)."""
+    summary: str = ""
+    """What the model is, in a line (docs/architectures.md's table)."""
+    install: str = "none"
+    """What installs what it needs beyond atomtrain (docs/architectures.md's table)."""
+    aliases: tuple[str, ...] = ()
+    """Other names options files give it (metatrain's ``experimental.mace``); any
+    ``experimental.`` prefix is read as none (registry.canonical_name)."""
     check_device: Callable[[torch.device], None] = nothing_to_do
     """Fails with one line when the model cannot run on a device (its kernels)."""
     check_section: Callable[[BaseModel], None] = nothing_to_do
