@@ -193,7 +193,7 @@ def test_checkpoint_export_and_fine_tuning_of_a_trained_run(name, tmp_path):
     that never imports atomtrain; a fine-tuning run starts from that model."""
     run = train(tmp_path / "first", options_for(tmp_path / "first", name))
     model = best_model(run / "best.ckpt")
-    assert load_checkpoint(run / "best.ckpt")["architecture"] == name
+    assert load_checkpoint(run / "best.ckpt").architecture == name
     ours = float(predictions(model, molecule())["energy"][0])
     engine = subprocess.run(
         [

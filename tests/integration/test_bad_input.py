@@ -205,7 +205,10 @@ def test_checkpoint_of_another_atomtrain_version(tmp_path, capsys):
     checkpoint = tmp_path / "old.ckpt"
     torch.save({"format": "atomtrain-checkpoint-1", "architecture": "soap_bpnn"}, checkpoint)
     code, error = train_with(tmp_path, capsys, "--restart", checkpoint)
-    assert_one_line(code, error, "old.ckpt", "another atomtrain version", FORMAT)
+    assert_one_line(code, error, "old.ckpt", "older atomtrain and cannot be upgraded", "train anew")
+    torch.save({"format": "atomtrain-checkpoint-9", "architecture": "soap_bpnn"}, checkpoint)
+    code, error = train_with(tmp_path, capsys, "--restart", checkpoint)
+    assert_one_line(code, error, "old.ckpt", "from a newer atomtrain", FORMAT, "update atomtrain")
     torch.save({"weights": [1.0]}, checkpoint)
     code, error = run(capsys, "export", checkpoint)
     assert_one_line(code, error, "old.ckpt", "not an atomtrain checkpoint")

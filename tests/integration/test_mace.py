@@ -218,7 +218,7 @@ def test_a_run_on_cuequivariance_kernels_resumes_exactly_and_exports_e3nn(tmp_pa
     assert engine["results"][0]["energy"] == pytest.approx(float(ours["energy"][0]), abs=1e-9)
 
     # as if trained on a GPU with cueq unset, then resumed on a CPU (e3nn's kernels)
-    state = load_checkpoint(whole / "last.ckpt")
+    state = torch.load(whole / "last.ckpt", weights_only=True)
     state["hypers"]["model"]["cueq"] = None
     torch.save(state, whole / "last.ckpt")
     longer = mace_options(tmp_path, architecture__training__num_epochs=EPOCHS + 1)
@@ -269,7 +269,7 @@ def test_a_checkpoint_of_one_optimizer_group_is_refused_in_one_line(tmp_path, ca
     run = tmp_path / "run"
     options = mace_options(tmp_path, architecture__training__num_epochs=1)
     assert main(["train", str(options), "--run-dir", str(run)]) == 0
-    state = load_checkpoint(run / "last.ckpt")
+    state = torch.load(run / "last.ckpt", weights_only=True)
     groups = state["optimizer_state"]["param_groups"]
     groups[0]["params"] = sorted(index for group in groups for index in group["params"])
     state["optimizer_state"]["param_groups"] = groups[:1]

@@ -180,7 +180,7 @@ def run(arguments: argparse.Namespace) -> int:
             setup_logging(0, directory / "train.log")
         seed = options.seed
         if restart_state is not None:
-            seed = int(restart_state["seed"])
+            seed = restart_state.seed
         with context.guard():
             if seed is None:
                 seed = context.broadcast_object(fresh_seed())

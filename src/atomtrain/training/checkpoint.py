@@ -3,6 +3,10 @@ written atomically so that the newest complete checkpoint is always usable."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +18,90 @@ from ..models import registry
 from ..models.energy_model import EnergyModel
 from ..models.export import CHECKPOINT_INSTEAD, first_line, foreign_file, torch_file_kind
 
-# 2: SOAP buffers changed (one upper-triangle index, spread and normalisation buffers)
-# 3: spherical Bessel radial basis, trimmed channels (wavenumbers and selected buffers)
-FORMAT = "atomtrain-checkpoint-3"
+FORMAT_PREFIX = "atomtrain-checkpoint-"
+VERSION = 3
+FORMAT = f"{FORMAT_PREFIX}{VERSION}"
+# The version chain: UPGRADES[v] turns a checkpoint of version v into one of v + 1, so
+# that a checkpoint an older atomtrain wrote is upgraded, not refused. A version whose
+# weights no upgrade can carry over is refused with the reason (REFUSED).
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+REFUSED = {
+    1: "SOAP-BPNN's buffers changed in version 2 (one upper-triangle index, spread and "
+    "normalisation buffers)",
+    2: "SOAP-BPNN's radial basis changed in version 3 (spherical Bessel functions, "
+    "channels trimmed by Laplacian eigenvalue): its weights do not fit the new basis",
+}
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+@dataclass
+class TrainingState:
+    """What a checkpoint holds, and the one place that names its keys: the model (its
+    hyperparameter record, precision and weights), where training stands (epochs and
+    steps done, the epoch's metric sums so far), the optimizer's, scheduler's and
+    plateau's states, and the best model so far. Saved as a plain dict of tensors,
+    numbers and strings (loadable with weights_only=True)."""
+
+    architecture: str
+    hypers: dict[str, Any]
+    dtype: str  # "float32" or "float64"
+    model_state: dict[str, torch.Tensor]
+    seed: int
+    best_model_state: dict[str, torch.Tensor] | None = None
+    epoch: int = 0  # full epochs done
+    step: int = 0  # global steps done of the next epoch
+    epoch_sums: torch.Tensor | None = None  # that epoch's metric sums, mid-epoch
+    optimizer_state: dict[str, Any] = field(default_factory=dict)
+    parameter_layout: str = "default"
+    scheduler_state: dict[str, Any] = field(default_factory=dict)
+    plateau_state: dict[str, Any] | None = None  # absent before ReduceLROnPlateau
+    best_metric: float = math.inf
+    best_epoch: int = -1
+    baseline_span: list[list[float]] | None = None  # absent before it was recorded
+    trained_on: str = ""
+    options: dict[str, Any] | None = None  # the run's expanded options, for the record
+
+    def to_dict(self) -> dict[str, Any]:
+        state = {"format": FORMAT, **dataclasses.asdict(self)}
+        return {key: value for key, value in state.items() if value is not None}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any], path: Path | str = "checkpoint") -> TrainingState:
+        """The state of a checkpoint of this version, or of an older one upgraded along
+        the version chain; refused in one line where no upgrade exists."""
+        state = upgraded(dict(state), path)
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in state.items() if key in known})
+
+
+def upgraded(state: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    """``state`` brought to VERSION through UPGRADES."""
+    written = state.get("format", "")
+    version_text = written.removeprefix(FORMAT_PREFIX) if isinstance(written, str) else ""
+    if not isinstance(written, str) or not written.startswith(FORMAT_PREFIX):
+        raise AtomtrainError(f"{path}: not an atomtrain checkpoint")
+    if not version_text.isdigit() or int(version_text) > VERSION:
+        raise AtomtrainError(
+            f"{path}: checkpoint format '{written}' is from a newer atomtrain (this one reads "
+            f"up to '{FORMAT}'); update atomtrain"
+        )
+    version = int(version_text)
+    while version < VERSION:
+        upgrade = UPGRADES.get(version)
+        if upgrade is None:
+            reason = REFUSED.get(version, "no upgrade is known")
+            raise AtomtrainError(
+                f"{path}: checkpoint format '{written}' is from an older atomtrain and "
+                f"cannot be upgraded ({reason}); use the version that wrote it, or train anew"
+            )
+        state = upgrade(state)
+        version += 1
+    state["format"] = FORMAT
+    return state
+
+
+def save_checkpoint(path: Path, state: TrainingState) -> None:
     """Write atomically: a crash mid-write never leaves a corrupt ``path``."""
-    atomic_write(
-        path, lambda stream: torch.save({"format": FORMAT, **state}, stream), what="checkpoint"
-    )
+    atomic_write(path, lambda stream: torch.save(state.to_dict(), stream), what="checkpoint")
 
 
 def replace_best_model(path: Path, best_model_state: dict[str, torch.Tensor]) -> None:
@@ -34,15 +112,15 @@ def replace_best_model(path: Path, best_model_state: dict[str, torch.Tensor]) ->
         state = load_checkpoint(path)
     except AtomtrainError:  # none, or a damaged one that --restart auto already skips
         return
-    state["best_model_state"] = {
+    state.best_model_state = {
         name: value.detach().cpu() for name, value in best_model_state.items()
     }
-    save_checkpoint(path, {key: value for key, value in state.items() if key != "format"})
+    save_checkpoint(path, state)
 
 
 def newest_complete_checkpoint(
     directory: Path, skipped: list[str] | None = None, excluding: Path | None = None
-) -> tuple[Path, dict[str, Any]] | None:
+) -> tuple[Path, TrainingState] | None:
     """The most recently written checkpoint of a run that loads completely (last.ckpt
     or epoch_N.ckpt), other than ``excluding``, with its contents; None when there is
     none. Why each newer one did not load is added to ``skipped``."""
@@ -58,7 +136,7 @@ def newest_complete_checkpoint(
     return None
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path) -> TrainingState:
     path = Path(path)
     if not path.exists():
         raise AtomtrainError(f"{path}: checkpoint not found")
@@ -80,21 +158,18 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise AtomtrainError(unreadable(path, error)) from error
-    written = state.get("format", "") if isinstance(state, dict) else ""
-    if isinstance(written, str) and written.startswith("atomtrain-checkpoint-"):
-        if written != FORMAT:
-            raise AtomtrainError(
-                f"{path}: checkpoint format '{written}' is from another atomtrain version "
-                f"(this one reads '{FORMAT}'); use the version that wrote it, or train anew"
-            )
-    else:
+    if not isinstance(state, dict):
         raise AtomtrainError(f"{path}: not an atomtrain checkpoint")
+    state = upgraded(state, path)
     if state.get("architecture") not in registry.known():
         raise AtomtrainError(
             f"{path}: checkpoint of architecture '{state.get('architecture')}', which this "
             f"atomtrain does not know (known: {', '.join(registry.known())})"
         )
-    return state
+    try:
+        return TrainingState.from_dict(state, path)
+    except TypeError as error:  # a key this version requires is missing
+        raise AtomtrainError(f"{path}: an incomplete atomtrain checkpoint ({error})") from error
 
 
 def unreadable(path: Path, error: BaseException) -> str:
@@ -123,12 +198,12 @@ def best_model(path: str | Path) -> EnergyModel:
     return model_from_checkpoint(load_checkpoint(path), best=True)
 
 
-def model_from_checkpoint(state: dict[str, Any], best: bool = True) -> EnergyModel:
+def model_from_checkpoint(state: TrainingState, best: bool = True) -> EnergyModel:
     """The model a checkpoint holds: the best one by default, else the latest."""
-    architecture = registry.architecture(state["architecture"])
-    model = architecture.model_from(state["hypers"]).set_precision(getattr(torch, state["dtype"]))
-    weights = state["best_model_state"] if best and "best_model_state" in state else None
-    model.load_state_dict(weights or state["model_state"])
-    model.baseline_span = state.get("baseline_span")  # absent from older checkpoints
-    model.trained_on = state.get("trained_on", "")
+    architecture = registry.architecture(state.architecture)
+    model = architecture.model_from(state.hypers).set_precision(getattr(torch, state.dtype))
+    weights = state.best_model_state if best else None
+    model.load_state_dict(weights or state.model_state)
+    model.baseline_span = state.baseline_span
+    model.trained_on = state.trained_on
     return model

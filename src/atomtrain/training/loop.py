@@ -26,7 +26,7 @@ from ..models.export import copy_export, export
 from ..options import Options, expanded
 from .baseline import refit_baseline
 from .batches import StepBatches, batch_workers
-from .checkpoint import replace_best_model, save_checkpoint
+from .checkpoint import TrainingState, replace_best_model, save_checkpoint
 from .curves import CurvesInBackground
 from .datasets import Datasets
 from .evaluation import metric_sums, predict
@@ -89,9 +89,9 @@ def selection_metric(
     return total
 
 
-def check_layout(state: dict[str, Any], model: EnergyModel) -> None:
+def check_layout(state: TrainingState, model: EnergyModel) -> None:
     """The optimizer's state of a checkpoint fits only parameters of its layout."""
-    saved, used = state.get("parameter_layout", "default"), model.parameter_layout()
+    saved, used = state.parameter_layout, model.parameter_layout()
     if saved != used:
         raise AtomtrainError(
             f"the checkpoint's optimizer state is for the {saved} layout of the model's "
@@ -186,18 +186,19 @@ class Trainer:
         self.best_state = copy.deepcopy(self.model.state_dict())
         if state is not None:
             check_layout(state, self.model)
-            load_optimizer_state(self.optimizer, state["optimizer_state"])
-            self.scheduler.load_state_dict(state["scheduler_state"])
-            if "plateau_state" in state:
-                self.plateau.load_state_dict(state["plateau_state"])
-            self.start_epoch = int(state["epoch"])
-            self.start_step = int(state.get("step", 0))
+            load_optimizer_state(self.optimizer, state.optimizer_state)
+            self.scheduler.load_state_dict(state.scheduler_state)
+            if state.plateau_state is not None:
+                self.plateau.load_state_dict(state.plateau_state)
+            self.start_epoch = state.epoch
+            self.start_step = state.step
             if self.start_step and context.is_main:
-                self.resumed_sums = resumed_sums(state["epoch_sums"]).to(context.device)
+                assert state.epoch_sums is not None  # written with every mid-epoch step
+                self.resumed_sums = resumed_sums(state.epoch_sums).to(context.device)
             self.global_step = self.start_epoch * self.steps_per_epoch + self.start_step
-            self.best_metric = float(state["best_metric"])
-            self.best_epoch = int(state["best_epoch"])
-            self.best_state = state["best_model_state"]
+            self.best_metric = float(state.best_metric)
+            self.best_epoch = state.best_epoch
+            self.best_state = state.best_model_state or self.best_state
             where = f", step {self.start_step}" if self.start_step else ""
             epochs = self.training_options.num_epochs
             if self.start_epoch >= epochs:
@@ -326,31 +327,29 @@ class Trainer:
 
     def checkpoint_state(
         self, epoch: int, step: int = 0, epoch_sums: torch.Tensor | None = None
-    ) -> dict[str, Any]:
+    ) -> TrainingState:
         """Everything needed to continue: ``epoch`` full epochs and ``step`` global
         steps of the next one are done; ``epoch_sums`` are that epoch's metric sums."""
-        state: dict[str, Any] = {
-            "architecture": self.model.hypers["architecture"],
-            "hypers": self.model.hypers,
-            "baseline_span": self.model.baseline_span,
-            "trained_on": self.model.trained_on,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "model_state": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-            "optimizer_state": self.optimizer.state_dict(),
-            "parameter_layout": self.model.parameter_layout(),
-            "scheduler_state": self.scheduler.state_dict(),
-            "plateau_state": self.plateau.state_dict(),
-            "epoch": epoch,
-            "seed": self.seed,
-            "best_metric": self.best_metric,
-            "best_epoch": self.best_epoch,
-            "best_model_state": {k: v.detach().cpu() for k, v in self.best_state.items()},
-            "options": expanded(self.options),
-            "step": step,
-        }
-        if epoch_sums is not None:
-            state["epoch_sums"] = epoch_sums.detach().cpu()
-        return state
+        return TrainingState(
+            architecture=self.model.hypers["architecture"],
+            hypers=self.model.hypers,
+            dtype=str(self.dtype).removeprefix("torch."),
+            model_state={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            seed=self.seed,
+            best_model_state={k: v.detach().cpu() for k, v in self.best_state.items()},
+            epoch=epoch,
+            step=step,
+            epoch_sums=None if epoch_sums is None else epoch_sums.detach().cpu(),
+            optimizer_state=self.optimizer.state_dict(),
+            parameter_layout=self.model.parameter_layout(),
+            scheduler_state=self.scheduler.state_dict(),
+            plateau_state=self.plateau.state_dict(),
+            best_metric=self.best_metric,
+            best_epoch=self.best_epoch,
+            baseline_span=self.model.baseline_span,
+            trained_on=self.model.trained_on,
+            options=expanded(self.options),
+        )
 
     # the whole run -----------------------------------------------------------------
     def fit(self) -> dict[str, dict[str, float]]:

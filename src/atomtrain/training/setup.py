@@ -8,7 +8,6 @@ import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -29,7 +28,7 @@ from .baseline import (
     refit_energy_baseline,
     refit_undetermined_baseline,
 )
-from .checkpoint import model_from_checkpoint
+from .checkpoint import TrainingState, model_from_checkpoint
 from .datasets import Datasets, file_labels, load_datasets
 from .new_heads import extend_heads, heads_to_fit
 from .outputs import LOGGER_NAME
@@ -45,7 +44,7 @@ class Run:
     """What the command line decided: where outputs go and what to resume from."""
 
     directory: Path  # chosen by rank 0, known to all ranks
-    restart_state: dict[str, Any] | None = None
+    restart_state: TrainingState | None = None
     output_path: Path | None = None
     pretrained: EnergyModel | None = None  # the model to fine-tune, if any
 
@@ -262,7 +261,7 @@ def prepare(
     options: Options,
     context: Context,
     seed: int,
-    restart_state: dict[str, Any] | None = None,
+    restart_state: TrainingState | None = None,
     pretrained: EnergyModel | None = None,
 ) -> Prepared:
     """Read the data (split with ``seed``), build the model (from a checkpoint being
@@ -287,10 +286,10 @@ def prepare(
     dtype = training_dtype(options)
     torch.manual_seed(seed)
     if restart_state is not None:
-        if restart_state["architecture"] != options.architecture.name:
+        if restart_state.architecture != options.architecture.name:
             raise OptionsError(
                 f"the checkpoint to resume is of architecture "
-                f"'{restart_state['architecture']}', but the options say "
+                f"'{restart_state.architecture}', but the options say "
                 f"'{options.architecture.name}'; resume with the options of its run"
             )
         model = model_from_checkpoint(restart_state, best=False).set_precision(dtype)
