@@ -517,13 +517,18 @@ def test_scancel_of_an_srun_job_checkpoints_and_resumes(tmp_path, reference):
 
 
 def test_newest_complete_checkpoint_skips_a_corrupt_one(tmp_path):
-    from atomtrain.training.checkpoint import newest_complete_checkpoint, save_checkpoint
+    from atomtrain.training.checkpoint import (
+        TrainingState,
+        newest_complete_checkpoint,
+        save_checkpoint,
+    )
 
-    save_checkpoint(tmp_path / "epoch_1.ckpt", {"architecture": "soap_bpnn", "epoch": 1})
+    written = TrainingState("soap_bpnn", {}, "float64", {}, seed=0, epoch=1)
+    save_checkpoint(tmp_path / "epoch_1.ckpt", written)
     time.sleep(0.01)
     (tmp_path / "last.ckpt").write_bytes(b"half a checkpoint")
     path, state = newest_complete_checkpoint(tmp_path)
-    assert path.name == "epoch_1.ckpt" and state["epoch"] == 1
+    assert path.name == "epoch_1.ckpt" and state.epoch == 1
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
