@@ -25,6 +25,19 @@ SMALL_MODEL = {
 }
 
 
+# a small MACE's model section (mace-torch), for the same reason
+TINY_MACE = {
+    "r_max": 4.0,
+    "num_radial_basis": 4,
+    "max_ell": 2,
+    "hidden_irreps": "4x0e + 4x1o",
+    "correlation": 2,
+    "num_interactions": 2,
+    "radial_MLP": [8],
+    "MLP_irreps": "4x0e",
+}
+
+
 def small_model(atomic_types, dtype=torch.float64, seed=0) -> SoapBpnn:
     torch.manual_seed(seed)
     model = SoapBpnn(atomic_types, ModelOptions.model_validate(SMALL_MODEL)).set_precision(dtype)

@@ -32,21 +32,19 @@ from atomtrain.models import registry
 from atomtrain.training.checkpoint import best_model, load_checkpoint
 
 from conftest import RESOURCES
-from helpers import SMALL_MODEL, run_directories, run_model, structure_from_atoms, write_options
+from helpers import (
+    SMALL_MODEL,
+    TINY_MACE,
+    run_directories,
+    run_model,
+    structure_from_atoms,
+    write_options,
+)
 
 ETHANOL = RESOURCES / "ethanol_40.xyz"
 SMALL_SECTIONS = {
     "soap_bpnn": SMALL_MODEL,
-    "mace": {
-        "r_max": 4.0,
-        "num_radial_basis": 4,
-        "max_ell": 2,
-        "hidden_irreps": "4x0e + 4x1o",
-        "correlation": 2,
-        "num_interactions": 2,
-        "radial_MLP": [8],
-        "MLP_irreps": "4x0e",
-    },
+    "mace": TINY_MACE,
 }
 ARCHITECTURES = registry.known()
 

@@ -33,6 +33,7 @@ from atomtrain.training.outputs import LOGGER_NAME
 
 from conftest import RESOURCES
 from helpers import (
+    TINY_MACE,
     environment,
     read,
     run_directories,
@@ -45,16 +46,6 @@ from test_faults import stop_then_resume_with_two
 
 PYTHON = sys.executable
 ETHANOL = RESOURCES / "ethanol_40.xyz"
-TINY_MACE = {
-    "r_max": 4.0,
-    "num_radial_basis": 4,
-    "max_ell": 2,
-    "hidden_irreps": "4x0e + 4x1o",
-    "correlation": 2,
-    "num_interactions": 2,
-    "radial_MLP": [8],
-    "MLP_irreps": "4x0e",
-}
 EPOCHS = 8
 
 

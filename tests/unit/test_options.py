@@ -203,13 +203,14 @@ def test_several_data_sets_per_section_each_with_its_keys_and_paths(tmp_path):
     ]
 
 
+def script_output(name: str) -> str:
+    """What one of scripts/ prints (the generated parts of the docs)."""
+    command = [sys.executable, str(ROOT / "scripts" / name)]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
 def test_docs_options_md_is_current():
-    generated = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "options_doc.py")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    generated = script_output("options_doc.py")
     assert generated == (ROOT / "docs" / "options.md").read_text(), (
         "docs/options.md is stale: python scripts/options_doc.py > docs/options.md"
     )
@@ -217,12 +218,7 @@ def test_docs_options_md_is_current():
 
 
 def test_docs_architectures_table_is_the_registrys():
-    generated = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "architectures_doc.py")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    generated = script_output("architectures_doc.py")
     assert generated in (ROOT / "docs" / "architectures.md").read_text(), (
         "docs/architectures.md's table is stale: python scripts/architectures_doc.py"
     )
