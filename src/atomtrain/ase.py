@@ -12,7 +12,12 @@ from ase.calculators.calculator import all_changes
 
 from .data.neighbors import compute_neighbor_list
 from .errors import AtomtrainError
-from .models.composition import composition_counts, outside_span, undetermined_note
+from .models.composition import (
+    composition_counts,
+    incomplete_span,
+    outside_span,
+    undetermined_note,
+)
 from .models.export import BASELINE_SPAN_FILE, HYPERS_FILE, learnt_targets, load_exported
 from .targets import TargetSpec
 
@@ -51,12 +56,9 @@ class Calculator(AseCalculator):
         self.dtype = next(self.model.parameters()).dtype
         self.cutoff = float(self.model.cutoff)
         self.atomic_types = set(int(z) for z in self.model.atomic_types)
-        span = json.loads(stored[BASELINE_SPAN_FILE] or "null")
-        types = sorted(self.atomic_types)
         # the compositions whose energies the training data determined; None: all
-        self.span = None
-        if span is not None and len(span) < len(types):
-            self.span = torch.tensor(span, dtype=torch.float64).reshape(-1, len(types))
+        span = json.loads(stored[BASELINE_SPAN_FILE] or "null")
+        self.span = incomplete_span(span, len(self.atomic_types))
         energies, self.targets = learnt_targets(self.model)
         self.learns_energy = len(energies) > 0
         self.energy_variant = chosen_energy(energies, variant, model_path)

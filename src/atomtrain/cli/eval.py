@@ -18,7 +18,7 @@ from ..data.extxyz import read_frames
 from ..data.frames import FrameSet
 from ..errors import DataError, OptionsError
 from ..io import atomic_write
-from ..models.composition import outside_span, undetermined_note
+from ..models.composition import incomplete_span, outside_span, undetermined_note
 from ..models.export import BASELINE_SPAN_FILE, learnt_targets, load_exported
 from ..options import DatasetOptions
 from ..runtime import BusyCores
@@ -115,9 +115,9 @@ def warn_undetermined(
 ) -> None:
     """Warn once when structures have compositions whose per-element energies the
     model's training data left undetermined (``span``: the determined directions)."""
-    if span is None or len(span) >= len(known):
+    directions = incomplete_span(span, len(known))
+    if directions is None:
         return
-    directions = torch.tensor(span, dtype=torch.float64).reshape(-1, len(known))
     outside, total, where = 0, 0, []
     for path, structures in files:
         counts, _ = composition_rows(structures, np.arange(len(structures)), known)

@@ -61,6 +61,14 @@ def undetermined_directions(span: torch.Tensor, n_elements: int) -> torch.Tensor
     return vectors[:, values > 0.5].contiguous()
 
 
+def incomplete_span(record: list[list[float]] | None, n_elements: int) -> torch.Tensor | None:
+    """A model's recorded ``baseline_span`` as rows [m, n_elements], or None when there
+    is none (an older model) or it spans every composition (nothing undetermined)."""
+    if record is None or len(record) >= n_elements:
+        return None
+    return torch.tensor(record, dtype=torch.float64).reshape(-1, n_elements)
+
+
 def outside_span(span: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Whether each composition (a row of element counts) has a part that the rows of
     ``span`` (orthonormal, from determined_directions) do not reach: a composition

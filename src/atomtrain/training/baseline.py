@@ -15,6 +15,7 @@ from ..distributed import Context
 from ..models.composition import (
     composition_counts,
     determined_directions,
+    incomplete_span,
     normal_equation_sums,
     solve_baseline,
     undetermined_directions,
@@ -172,13 +173,11 @@ def refit_undetermined_baseline(model: EnergyModel, training: FrameSet, context:
     undetermined (baseline_span) to this run's data, leaving the energies of every
     composition the pretraining saw unchanged. Nothing happens when the span is unknown
     (an older model), complete, or when this data lies within it."""
-    if model.baseline_span is None:
-        return
     types = model.atomic_types
-    span = torch.tensor(model.baseline_span, dtype=torch.float64).reshape(-1, len(types))
-    free = undetermined_directions(span, len(types))  # [n_elements, m]
-    if free.shape[1] == 0:
+    span = incomplete_span(model.baseline_span, len(types))
+    if span is None:
         return
+    free = undetermined_directions(span, len(types))  # [n_elements, m]
     counts, energies = local_compositions(training, context, types)
     baseline = model.baseline.detach().cpu().to(torch.float64)
     along = counts @ free
