@@ -16,11 +16,14 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from ase.data import covalent_radii
 
+from ..data.extxyz import SUSPECT_DISTANCE
 from ..data.frames import FrameSet
 from ..data.neighbors import compute_neighbor_list
 from ..errors import DataError
+from ..models.composition import normal_equation_sums, solve_baseline
 from ..options import DatasetOptions
 from ..units import ENERGY_UNITS, LENGTH_UNITS
 from .outputs import LOGGER_NAME
@@ -42,9 +45,7 @@ seconds and gigabytes (a 30 A cutoff on bcc iron: 29.5 s and 6.3 GB a step)."""
 SHORT_RATIO, LONG_RATIO = 0.6, 1.6
 """Bounds on the typical (median over structures) nearest-neighbor distance as a
 fraction of the sum of the two atoms' covalent radii: the shared data sets give
-0.85-1.1; angstrom read as bohr gives 0.53, bohr read as angstrom 1.89."""
-SHORTEST_DISTANCE = 0.5
-"""Warn when two atoms are closer than this (angstrom)."""
+0.81-1.01; angstrom read as bohr gives 0.53, bohr read as angstrom 1.89."""
 ENERGY_SPREAD = (1e-4, 10.0)
 """Plausible spread (eV per atom) of the energies about a per-element baseline."""
 FORCE_SCALE = (0.02, 20.0)
@@ -148,9 +149,9 @@ def baseline_spread(compositions: np.ndarray, energies: np.ndarray, atoms: np.nd
     spread a model learns), or None without two energies."""
     if len(energies) < 2:
         return None
-    present = compositions[:, compositions.any(axis=0)].astype(np.float64)
-    solution, *_ = np.linalg.lstsq(present, energies, rcond=None)
-    remainder = (energies - present @ solution) / atoms
+    counts = torch.from_numpy(compositions[:, compositions.any(axis=0)].astype(np.float64))
+    baseline = solve_baseline(*normal_equation_sums(counts, torch.from_numpy(energies)))
+    remainder = (energies - (counts @ baseline).numpy()) / atoms
     return float(np.sqrt(np.mean(remainder**2)))
 
 
@@ -249,7 +250,7 @@ def findings(found: Survey, length_unit: str, energy_unit: str) -> list[Finding]
         )
     if found.nearest.size:
         typical = float(np.median(found.nearest_ratio))
-        if typical < SHORT_RATIO or found.nearest.min() < SHORTEST_DISTANCE:
+        if typical < SHORT_RATIO or found.nearest.min() < SUSPECT_DISTANCE:
             result.append(
                 Finding(
                     "short_distances",
