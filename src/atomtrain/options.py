@@ -162,11 +162,16 @@ class FinetuneOptions(Strict):
     run does not train are kept as they are."""
 
 
+PRODUCT_METRICS = ("rmse_prod", "mae_prod")
+"""best_model_metric's metatrain products; with "loss", the choices that name no one
+error."""
+
+
 def _selection_metric(value: str) -> str:
     """best_model_metric: loss, a product, or one error (``<target>_rmse`` or ``_mae``;
     a bare target name means its RMSE). Whether the run has that target is checked
     when its data is read."""
-    if value in ("loss", "rmse_prod", "mae_prod") or value.endswith(("_rmse", "_mae")):
+    if value in ("loss", *PRODUCT_METRICS) or value.endswith(("_rmse", "_mae")):
         return value
     if value == "energy":
         return "energy_per_atom_rmse"

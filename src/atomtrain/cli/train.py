@@ -208,9 +208,8 @@ def run(arguments: argparse.Namespace) -> int:
         logger.debug("stopping on error", exc_info=True)
         context.fail(error)
         if isinstance(error, AtomtrainError) and not isinstance(error, PeerFailure):
-            discard_unstarted(
-                new_directory, arguments.outputs, made_outputs
-            )  # the console says it all
+            # the console says it all
+            discard_unstarted(new_directory, arguments.outputs, made_outputs)
         raise
     finally:
         if not failed:

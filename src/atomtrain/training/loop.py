@@ -23,7 +23,7 @@ from ..distributed import Context
 from ..errors import AtomtrainError
 from ..models.energy_model import EnergyModel
 from ..models.export import copy_export, export
-from ..options import Options, expanded
+from ..options import PRODUCT_METRICS, Options, expanded
 from .baseline import refit_baseline
 from .batches import StepBatches, batch_workers
 from .checkpoint import TrainingState, replace_best_model, save_checkpoint
@@ -66,7 +66,7 @@ def selection_metric(
     training = options.architecture.training
     chosen = training.best_model_metric
     names = ("energy_per_atom", "forces", "virial_per_atom", *targets)
-    if chosen in ("rmse_prod", "mae_prod"):
+    if chosen in PRODUCT_METRICS:
         kind = chosen.removesuffix("_prod")
         return math.prod(metrics[f"{t}_{kind}"] for t in names if f"{t}_{kind}" in metrics)
     if chosen != "loss":

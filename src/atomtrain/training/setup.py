@@ -18,7 +18,7 @@ from ..errors import DataError, OptionsError
 from ..models import registry
 from ..models.architecture import Architecture, DataFacts
 from ..models.energy_model import EnergyModel
-from ..options import FINETUNE_LEARNING_RATE, Options, TrainingOptions
+from ..options import FINETUNE_LEARNING_RATE, PRODUCT_METRICS, Options, TrainingOptions
 from ..targets import TargetSpec
 from .baseline import (
     by_energy,
@@ -232,7 +232,7 @@ def validated_errors(validation: FrameSet) -> set[str]:
 
 def check_selection_metric(chosen: str, available: set[str]) -> None:
     """A best_model_metric that names one error must name one validation gives."""
-    if chosen in ("loss", "rmse_prod", "mae_prod") or chosen in available:
+    if chosen in ("loss", *PRODUCT_METRICS) or chosen in available:
         return
     raise OptionsError(
         f"architecture.training.best_model_metric: this run's validation gives no "
