@@ -233,15 +233,21 @@ def test_a_per_atom_target_is_read_from_the_arrays(tmp_path):
     assert batch.targets["mtt::charges"].shape == (len(frames[0]) + len(frames[1]), 1)
 
 
-def test_a_target_weight_changes_the_loss():
-    """MACE #1335: a weight silently ignored. Here each weight scales its own term."""
+def vector_loss_case(seed: int, copies: int = 1):
+    """Predictions of the mtt::vector head for ``copies`` of one random molecule, a
+    batch whose only target is that vector at zero, and the counts the loss divides by."""
     model = model_with_heads()
-    positions = np.random.default_rng(4).normal(size=(9, 3)) * 1.2
-    batch = collate([molecule(positions)], model.cutoff).to("cpu", torch.float64)
+    positions = np.random.default_rng(seed).normal(size=(9, 3)) * 1.2
+    batch = collate([molecule(positions)] * copies, model.cutoff).to("cpu", torch.float64)
     predictions = predict(model, batch, False, False)
     batch.energy = None
-    batch.targets = {"mtt::vector": torch.zeros(1, 3, dtype=torch.float64)}
-    counts = GlobalCounts(1, 0, 0, {"mtt::vector": 3})
+    batch.targets = {"mtt::vector": torch.zeros(copies, 3, dtype=torch.float64)}
+    return predictions, batch, GlobalCounts(copies, 0, 0, {"mtt::vector": 3})
+
+
+def test_a_target_weight_changes_the_loss():
+    """MACE #1335: a weight silently ignored. Here each weight scales its own term."""
+    predictions, batch, counts = vector_loss_case(seed=4)
     once = batch_loss(predictions, batch, LossOptions(), counts)
     expected = (predictions["mtt::vector"] ** 2).sum() / 3
     assert torch.allclose(once, expected)
@@ -252,14 +258,8 @@ def test_a_target_weight_changes_the_loss():
 
 
 def test_unknown_samples_add_nothing():
-    model = model_with_heads()
-    positions = np.random.default_rng(5).normal(size=(9, 3)) * 1.2
-    batch = collate([molecule(positions)] * 2, model.cutoff).to("cpu", torch.float64)
-    predictions = predict(model, batch, False, False)
-    batch.energy = None
-    batch.targets = {"mtt::vector": torch.zeros(2, 3, dtype=torch.float64)}
+    predictions, batch, counts = vector_loss_case(seed=5, copies=2)
     batch.target_masks = {"mtt::vector": torch.tensor([True, False])}
-    counts = GlobalCounts(2, 0, 0, {"mtt::vector": 3})
     loss = batch_loss(predictions, batch, LossOptions(), counts)
     assert torch.allclose(loss, (predictions["mtt::vector"][0] ** 2).sum() / 3)
 
@@ -342,12 +342,6 @@ def test_a_target_may_have_a_loss_of_its_own():
     )
     loss_options = options.architecture.training.loss
     assert loss_options.target_loss("mtt::vector") == ("mae", 1.0)
-    model = model_with_heads()
-    positions = np.random.default_rng(7).normal(size=(9, 3)) * 1.2
-    batch = collate([molecule(positions)], model.cutoff).to("cpu", torch.float64)
-    predictions = predict(model, batch, False, False)
-    batch.energy = None
-    batch.targets = {"mtt::vector": torch.zeros(1, 3, dtype=torch.float64)}
-    counts = GlobalCounts(1, 0, 0, {"mtt::vector": 3})
+    predictions, batch, counts = vector_loss_case(seed=7)
     loss = batch_loss(predictions, batch, loss_options, counts)
     assert torch.allclose(loss, 3 * predictions["mtt::vector"].abs().sum() / 3)
