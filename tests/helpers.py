@@ -37,6 +37,18 @@ TINY_MACE = {
     "MLP_irreps": "4x0e",
 }
 
+# a small PET's model section (metatrain's PETBackend), for the same reason
+TINY_PET = {
+    "cutoff": 4.0,
+    "d_pet": 16,
+    "d_head": 16,
+    "d_node": 16,
+    "d_feedforward": 32,
+    "num_heads": 2,
+    "num_attention_layers": 1,
+    "num_gnn_layers": 2,
+}
+
 
 def small_model(atomic_types, dtype=torch.float64, seed=0) -> SoapBpnn:
     torch.manual_seed(seed)

@@ -24,3 +24,18 @@ def default_only(reasons: dict[str, str]) -> Any:
         return value
 
     return field_validator(*reasons)(classmethod(check))  # type: ignore[arg-type]
+
+
+class LongRangeOptions(Strict):
+    enable: bool = False
+    """metatrain's long-range (Ewald or P3M) part: not implemented, accepted when false."""
+    use_ewald: bool = False
+    """metatrain's; unused while enable is false."""
+    smearing: float = 1.4
+    """metatrain's; unused while enable is false."""
+    kspace_resolution: float = 1.33
+    """metatrain's; unused while enable is false."""
+    interpolation_nodes: int = 5
+    """metatrain's; unused while enable is false."""
+
+    _lacking = default_only({"enable": "long-range interactions are not implemented"})

@@ -22,6 +22,7 @@ from atomtrain.models import registry
 from atomtrain.models.heads import matrix_from_spherical, spherical_from_matrix
 from atomtrain.options import LossOptions
 from atomtrain.targets import Irrep, TargetSpec
+from atomtrain.training.augmentation import turn_target
 from atomtrain.training.evaluation import predict
 from atomtrain.training.losses import GlobalCounts, batch_loss
 
@@ -77,31 +78,10 @@ def outputs(model, positions):
 
 def rotate(spec: TargetSpec, values: np.ndarray, matrix: np.ndarray) -> np.ndarray:
     """What ``values`` [samples, width] become under the orthogonal ``matrix``, as the
-    target's type says (pseudotensors pick up the determinant)."""
-    determinant = np.linalg.det(matrix)
-    rows = values.shape[0]
-    if spec.kind == "scalar":
-        return values
-    if spec.kind == "cartesian" and spec.rank == 1:
-        return (values.reshape(rows, 3, -1).transpose(0, 2, 1) @ matrix.T).transpose(0, 2, 1)
-    if spec.kind == "cartesian":
-        tensor = values.reshape(rows, 3, 3, -1)
-        return np.einsum("ab,rbcs,dc->rads", matrix, tensor, matrix)
-    result, start = [], 0
-    for irrep in spec.irreps:
-        block = values[:, start : start + irrep.size]
-        start += irrep.size
-        sign = determinant if irrep.o3_sigma == -1 else 1.0
-        if irrep.o3_lambda == 0:
-            result.append(sign * block)
-        elif irrep.o3_lambda == 1:  # y, z, x
-            xyz = block[:, [2, 0, 1]] @ matrix.T
-            result.append(sign * xyz[:, [1, 2, 0]])
-        else:
-            cartesian = matrix_from_spherical(torch.from_numpy(block)).numpy()
-            turned = np.einsum("ab,rbc,dc->rad", matrix, cartesian, matrix)
-            result.append(sign * spherical_from_matrix(torch.from_numpy(turned)).numpy())
-    return np.concatenate(result, axis=1)
+    target's type says (pseudotensors pick up the determinant): the turn the training
+    data gets when an architecture learns from rotated structures."""
+    matrices = torch.from_numpy(matrix).expand(values.shape[0], 3, 3)
+    return turn_target(torch.from_numpy(values), spec, matrices).numpy()
 
 
 @pytest.mark.parametrize("architecture", ["soap_bpnn", "mace"])

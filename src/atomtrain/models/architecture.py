@@ -91,8 +91,13 @@ class Architecture:
     upgrade_hypers: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda h: h)
     """The record of an older atomtrain version in today's form."""
     learns_other_targets: bool = False
-    """Its models give invariant per-atom features (``atomic_features``), on which heads
-    for mtt:: targets sit."""
+    """Its models give per-atom features (``atomic_features``), on which heads for mtt::
+    targets sit."""
+    augments_rotations: bool = False
+    """Its models are not rotationally invariant by construction (PET): the trainer
+    gives each training structure a random rotation or improper rotation every epoch, as
+    metatrain's trainer of such models does, and rotation tests measure how nearly
+    invariant a trained model is instead of asserting exact invariance."""
 
     def start_file(self, section: BaseModel) -> str | None:
         """The file the section says to start from, if any."""

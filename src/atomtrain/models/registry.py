@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 PACKAGES = {
     "soap_bpnn": "atomtrain.models.soap_bpnn",
     "mace": "atomtrain.models.mace",
+    "pet": "atomtrain.models.pet",
 }
 DEFAULT = "soap_bpnn"
 

@@ -18,6 +18,8 @@ from ..data.batch import Batch, empty_batch
 from ..data.frames import FrameSet
 from ..data.sampler import shard_by_work
 from ..options import TrainingOptions
+from ..targets import TargetSpec
+from .augmentation import random_transformations, turned_batch
 from .losses import GlobalCounts
 
 
@@ -62,35 +64,44 @@ class StepBatches:
     workers: int = 0
     energy: bool = True  # the set has energies (an empty share carries the key)
     widths: dict[str, int] | None = None  # of the mtt:: targets, for an empty share
+    # set: each structure turned at random every epoch (augmentation.py), from this seed
+    rotation_seed: int | None = None
+    specs: tuple[TargetSpec, ...] = ()  # the mtt:: targets, to turn with the structures
 
-    def build(self, global_batch: list[int]) -> tuple[GlobalCounts, Batch]:
+    def build(self, global_batch: list[int], epoch: int = 0) -> tuple[GlobalCounts, Batch]:
         counts = global_counts(self.structures, global_batch)
         mine = shard_by_work(global_batch, self.work, self.rank, self.world_size)
         if not mine:
             return counts, empty_batch(self.energy, self.forces, self.stress, self.widths)
-        return counts, self.structures.batch(mine, self.cutoff)
+        batch = self.structures.batch(mine, self.cutoff)
+        if self.rotation_seed is not None:
+            matrices = random_transformations(self.rotation_seed, epoch, mine)
+            batch = turned_batch(batch, matrices, self.specs)
+        return counts, batch
 
     def steps(
-        self, batches: list[list[int]], start: int
+        self, batches: list[list[int]], start: int, epoch: int = 0
     ) -> Iterator[tuple[int, GlobalCounts, Batch]]:
         """(step, counts, batch) from step ``start`` on, built ``workers`` steps ahead."""
         if self.workers == 0:
             for step in range(start, len(batches)):
-                yield step, *self.build(batches[step])
+                yield step, *self.build(batches[step], epoch)
             return
         executor = ThreadPoolExecutor(self.workers, thread_name_prefix="atomtrain-batches")
         pending: deque[tuple[int, Future]] = deque()
         upcoming = iter(range(start, len(batches)))
         try:
             for step in upcoming:
-                pending.append((step, executor.submit(self.build, batches[step])))
+                pending.append((step, executor.submit(self.build, batches[step], epoch)))
                 if len(pending) > self.workers:
                     break
             while pending:
                 step, future = pending.popleft()
                 following = next(upcoming, None)
                 if following is not None:
-                    pending.append((following, executor.submit(self.build, batches[following])))
+                    pending.append(
+                        (following, executor.submit(self.build, batches[following], epoch))
+                    )
                 yield step, *future.result()
         finally:
             executor.shutdown(wait=True, cancel_futures=True)

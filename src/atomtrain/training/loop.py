@@ -151,6 +151,8 @@ class Trainer:
                 name: int(column.values.shape[1])
                 for name, column in training.target_columns().items()
             },
+            rotation_seed=seed if prepared.architecture.augments_rotations else None,
+            specs=tuple(self.model.target_specs()),
         )
         self.targets = tuple(self.model.target_names)
         if context.is_main and state is None:
@@ -231,7 +233,7 @@ class Trainer:
             disable=not show_bar,
         )
         # closed on every way out (a stop raises here), so no builder thread outlives it
-        with contextlib.closing(self.step_batches.steps(batches, start_step)) as steps:
+        with contextlib.closing(self.step_batches.steps(batches, start_step, epoch)) as steps:
             for step, counts, batch in steps:
                 batch = batch.to(context.device, self.dtype)
                 predictions = predict(self.model, batch, self.forces, self.stress, True)

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ...options_base import Strict, default_only
+from ...options_base import LongRangeOptions, Strict, default_only
 
 
 class CutoffOptions(Strict):
@@ -48,21 +48,6 @@ class BpnnOptions(Strict):
     """Neurons in each hidden layer."""
     layernorm: bool = True
     """Normalise the SOAP features with a LayerNorm before the networks."""
-
-
-class LongRangeOptions(Strict):
-    enable: bool = False
-    """metatrain's long-range (Ewald or P3M) part: not implemented, accepted when false."""
-    use_ewald: bool = False
-    """metatrain's; unused while enable is false."""
-    smearing: float = 1.4
-    """metatrain's; unused while enable is false."""
-    kspace_resolution: float = 1.33
-    """metatrain's; unused while enable is false."""
-    interpolation_nodes: int = 5
-    """metatrain's; unused while enable is false."""
-
-    _lacking = default_only({"enable": "long-range interactions are not implemented"})
 
 
 class ModelOptions(Strict):

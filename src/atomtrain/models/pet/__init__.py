@@ -1,0 +1,53 @@
+"""PET (metatrain's ``PETBackend``) as an atomtrain architecture: metatrain's ``pet``.
+metatrain's network modules are imported when a PET model is first built or loaded,
+never by runs of other architectures, and never metatrain's trainer or data code."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..architecture import Architecture, DataFacts
+from .options import ModelOptions
+
+if TYPE_CHECKING:
+    from .model import PetModel
+
+ARCHITECTURE_NAME = "pet"
+
+REFERENCES = {
+    "implementation": [
+        "atomtrain: https://github.com/atomtrain/atomtrain",
+        "metatrain (PETBackend): https://github.com/metatensor/metatrain",
+    ],
+    "architecture": [
+        "PET: S. Pozdnyakov, M. Ceriotti, Advances in Neural Information Processing "
+        "Systems 36 (2023), https://arxiv.org/abs/2305.19302",
+    ],
+}
+
+
+def build(options: ModelOptions, facts: DataFacts) -> PetModel:
+    from .model import PetModel
+
+    return PetModel(facts.atomic_types, options)
+
+
+ARCHITECTURE = Architecture(
+    name=ARCHITECTURE_NAME,
+    display_name="PET",
+    model_options=ModelOptions,
+    build=build,
+    references=REFERENCES,
+    summary="metatrain 2026.4.1's `PETBackend`, unchanged; trained on randomly rotated "
+    "structures, as metatrain trains it",
+    install="`pip install atomtrain[pet]`",
+    learns_other_targets=True,
+    augments_rotations=True,
+    # metatrain's pet defaults; its weight_decay is AdamW's
+    training_defaults={
+        "optimizer": "adamw",
+        "learning_rate": 1e-4,
+        "batch_size": 16,
+        "grad_clip_norm": 1.0,
+    },
+)

@@ -1,0 +1,177 @@
+"""PET as an atomtrain energy model: metatrain's ``PETBackend``, unchanged, fed the
+neighbor pairs' vectors in its neighbor layout (NEF). The trainer's baseline and scale
+go around it, as metatrain's composition model and scaler go around it in metatrain.
+
+The backend's own preprocessing finds each pair's reverse from integer cell shifts;
+atomtrain's pairs come as [pairs; the same reversed], so the reverse of pair k is known
+(k + half, and back), and the inputs are built here from metatrain's NEF helpers with
+that correspondence."""
+
+from __future__ import annotations
+
+import torch
+
+from ..energy_model import EnergyModel
+from . import ARCHITECTURE_NAME
+from .library import import_pet
+from .options import ModelOptions
+
+backend, nef, cutoff_functions = import_pet()
+PETBackend = backend.PETBackend
+
+# metatrain names an output's blocks by their keys: the energy's one block, key "_" = 0
+ENERGY_BLOCK = "energy___0"
+
+
+class PetModel(EnergyModel):
+    """Atomic energy: PET's prediction for the atom (its node and its edges' terms)."""
+
+    def __init__(self, atomic_types: list[int], options: ModelOptions):
+        hypers = {
+            "architecture": ARCHITECTURE_NAME,
+            "atomic_types": list(atomic_types),
+            "model": options.model_dump(mode="json"),
+        }
+        super().__init__(hypers, options.cutoff)
+        self.pet = PETBackend(options.backend_hypers(), self.atomic_types)
+        self.pet.add_output("energy", {ENERGY_BLOCK: [1]})
+        self.pet.to(torch.float64)
+        self.cutoff_width = float(options.cutoff_width)
+        self.bump = options.cutoff_function == "Bump"
+        self.readout_width = options.d_node + options.d_pet
+
+    def set_precision(self, dtype: torch.dtype) -> PetModel:
+        self.pet.to(dtype)
+        self.heads_to(dtype)
+        return self
+
+    @torch.jit.unused
+    def details(self) -> list[str]:
+        model = self.hypers["model"]
+        return [
+            f"{model['num_gnn_layers']} message-passing layers of "
+            f"{model['num_attention_layers']} attention layers",
+            f"d_pet {model['d_pet']}, d_node {model['d_node']}",
+        ]
+
+    @torch.jit.unused
+    def feature_width(self) -> int:
+        return self.pet.num_readout_layers * self.readout_width
+
+    def atomic_outputs(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+    ) -> torch.Tensor:
+        features, energies = self.run_pet(
+            edge_vectors, pair_first, pair_second, element_index, mirrored, False
+        )
+        return energies
+
+    def features_and_energies(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+        with_energies: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each atom's node features and the cutoff-weighted sum of its edges' features
+        (metatrain's "features" output), and its energy, from one pass of PET."""
+        features, energies = self.run_pet(
+            edge_vectors, pair_first, pair_second, element_index, mirrored, True
+        )
+        if not with_energies:
+            return features, None
+        return features, energies
+
+    def run_pet(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+        with_features: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features [n_atoms, feature width] or an empty tensor, energies [n_atoms])."""
+        dtype = self.pet.edge_embedder.weight.dtype
+        vectors = edge_vectors.to(dtype)
+        n_atoms = element_index.shape[0]
+        if n_atoms == 0 or pair_first.shape[0] == 0:
+            # no pair at all (a rank's empty share, isolated atoms): PET's NEF grid would
+            # be empty; nodes alone, still tied to the positions for the derivatives
+            vectors = vectors.new_zeros((0, 3)) + vectors.sum() * 0.0
+            mirrored = True
+        if not mirrored:
+            raise RuntimeError(
+                "PET needs each neighbor pair's reverse: pairs laid out as the pairs, then "
+                "the same reversed (as atomtrain's batches and its metatomic model give them)"
+            )
+        inputs = self.network_inputs(vectors, pair_first, pair_second, element_index)
+        nodes, edges = self.pet.calculate_features(inputs)
+        empty = torch.zeros((0, 3, 3), dtype=dtype, device=vectors.device)
+        atomic, _, _ = self.pet.predict(nodes, edges, inputs, empty, element_index, ["energy"])
+        energies = atomic["energy"][0].reshape(-1)
+        if not with_features:
+            return energies.new_zeros(0), energies
+        weights = inputs["cutoff_factors"].unsqueeze(-1)
+        parts: list[torch.Tensor] = []
+        for node, edge in zip(nodes, edges):
+            parts.append(node)
+            parts.append((edge * weights).sum(dim=1))
+        return torch.cat(parts, dim=1), energies
+
+    def network_inputs(
+        self,
+        half_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """What PETBackend.calculate_features takes, as metatrain's compute_batch_tensors
+        makes it, from the first half's vectors (the second half is their negation)."""
+        vectors = torch.cat([half_vectors, -half_vectors])
+        half = half_vectors.shape[0]
+        centers = pair_first[: 2 * half]
+        neighbors = pair_second[: 2 * half]
+        n_atoms = element_index.shape[0]
+        distances = torch.norm(vectors, dim=-1) + 1e-15
+        pair_cutoffs = torch.full_like(distances, self.cutoff)
+        if self.bump:
+            factors = cutoff_functions.cutoff_func_bump(distances, pair_cutoffs, self.cutoff_width)
+        else:
+            factors = cutoff_functions.cutoff_func_cosine(
+                distances, pair_cutoffs, self.cutoff_width
+            )
+        counts = torch.zeros(n_atoms, dtype=centers.dtype, device=centers.device)
+        counts = counts.scatter_add_(0, centers, torch.ones_like(centers))
+        widest = int(counts.max()) if n_atoms > 0 and centers.shape[0] > 0 else 0
+        nef_indices, nef_to_edges, nef_mask = nef.get_nef_indices(centers, counts, widest)
+        nef_vectors = nef.edge_array_to_nef(vectors, nef_indices)
+        reverse = torch.arange(2 * half, device=centers.device).roll(half)
+        reversed_list = nef.compute_reversed_neighbor_list(
+            nef_indices, reverse, nef_to_edges, nef_mask
+        )
+        neighbor_index = nef.edge_array_to_nef(neighbors, nef_indices).to(torch.int64)
+        reverse_index = (neighbor_index * neighbor_index.shape[1] + reversed_list).reshape(-1)
+        # padded slots get distinct indices (metatrain's choice: repeated ones make the
+        # backward of the gather slow)
+        flat_mask = nef_mask.reshape(-1)
+        padded = torch.cumsum((~flat_mask).to(torch.long), dim=0) - 1
+        reverse_index = torch.where(flat_mask, reverse_index, padded)
+        return {
+            "element_indices_nodes": element_index,
+            "element_indices_neighbors": nef.edge_array_to_nef(
+                element_index.index_select(0, neighbors), nef_indices
+            ),
+            "edge_vectors": nef_vectors,
+            "edge_distances": torch.sqrt(torch.sum(nef_vectors**2, dim=2) + 1e-15),
+            "padding_mask": nef_mask,
+            "reverse_neighbor_index": reverse_index.reshape(nef_mask.shape),
+            "cutoff_factors": nef.edge_array_to_nef(factors, nef_indices, nef_mask, 0.0),
+        }
