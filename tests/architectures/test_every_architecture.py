@@ -250,5 +250,9 @@ def test_two_processes_train_the_one_process_model(name, tmp_path):
         directory = tmp_path / f"nproc{processes}"
         run = train(directory, options_for(directory, name), "--nproc", processes)
         weights.append(torch.load(run / "last.ckpt", weights_only=True)["model_state"])
+    # PET pads each atom's neighbors to the batch's widest neighborhood, and the sums
+    # over that padded axis round differently for another width (a share of the batch):
+    # 1e-16 per step, 1e-9 relative after two epochs
+    tolerance = 1e-7 if name == "pet" else 1e-10
     for key, value in weights[0].items():
-        torch.testing.assert_close(weights[1][key], value, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(weights[1][key], value, rtol=tolerance, atol=tolerance / 100)

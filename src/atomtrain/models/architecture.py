@@ -82,6 +82,10 @@ class Architecture:
     read_file: Callable[[str], EnergyModel] | None = None
     """Reads such a file (e.g. a ``.model`` written by mace_run_train) as a model whose
     ``hypers`` build it again."""
+    read_metatrain: Callable[[dict[str, Any], str], EnergyModel] | None = None
+    """Reads a metatrain checkpoint of the architecture (the dictionary
+    models.metatrain_checkpoint loads, and its path for messages) as a model whose
+    ``hypers`` build it again: fine-tuning and eval start from it."""
     training_defaults: dict[str, Any] = field(default_factory=dict)
     """Defaults of the training section that differ from the common ones (metatrain's
     for the architecture), for the keys an options file leaves unset."""

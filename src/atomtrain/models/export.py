@@ -313,7 +313,9 @@ def foreign_file(path: Path) -> str | None:
     # it (a user's directory) is no sign
     if b"model_ckpt_version" in header or b"metatrain.utils." in header:
         return (
-            "a metatrain checkpoint, which atomtrain cannot read; train anew with "
-            "atomtrain on the same options file (metatrain's format runs unchanged)"
+            "a metatrain checkpoint: atomtrain starts from metatrain's PET checkpoints "
+            "(architecture.training.finetune.read_from, atomtrain eval) and resumes only "
+            "its own; train anew with atomtrain on the same options file (metatrain's "
+            "format runs unchanged)"
         )
     return None

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import AtomtrainError
 from ..io import atomic_write
-from ..models import registry
+from ..models import metatrain_checkpoint, registry
 from ..models.energy_model import EnergyModel
 from ..models.export import CHECKPOINT_INSTEAD, first_line, foreign_file, torch_file_kind
 
@@ -194,7 +194,10 @@ def is_checkpoint(path: str | Path) -> bool:
 
 
 def best_model(path: str | Path) -> EnergyModel:
-    """The best model of the checkpoint at ``path``."""
+    """The best model of the checkpoint at ``path``: atomtrain's, or metatrain's of an
+    architecture that reads them."""
+    if Path(path).is_file() and metatrain_checkpoint.is_metatrain_checkpoint(path):
+        return metatrain_checkpoint.read(path)
     return model_from_checkpoint(load_checkpoint(path), best=True)
 
 

@@ -4,7 +4,7 @@ never by runs of other architectures, and never metatrain's trainer or data code
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..architecture import Architecture, DataFacts
 from .options import ModelOptions
@@ -32,6 +32,12 @@ def build(options: ModelOptions, facts: DataFacts) -> PetModel:
     return PetModel(facts.atomic_types, options)
 
 
+def read_metatrain(checkpoint: dict[str, Any], path: str) -> PetModel:
+    from .metatrain import read_pet_checkpoint
+
+    return read_pet_checkpoint(checkpoint, path)
+
+
 ARCHITECTURE = Architecture(
     name=ARCHITECTURE_NAME,
     display_name="PET",
@@ -43,6 +49,7 @@ ARCHITECTURE = Architecture(
     install="`pip install atomtrain[pet]`",
     learns_other_targets=True,
     augments_rotations=True,
+    read_metatrain=read_metatrain,
     # metatrain's pet defaults; its weight_decay is AdamW's
     training_defaults={
         "optimizer": "adamw",
