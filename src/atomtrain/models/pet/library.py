@@ -37,7 +37,7 @@ def import_pet() -> tuple[types.ModuleType, ...]:
 def import_network() -> None:
     try:
         found = importlib.util.find_spec("metatrain")
-    except ImportError:
+    except (ImportError, ValueError):  # ValueError: a module without a spec
         found = None
     if found is None or found.origin is None:
         raise AtomtrainError(
