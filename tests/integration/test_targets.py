@@ -24,7 +24,7 @@ from atomtrain.training.checkpoint import load_checkpoint, model_from_checkpoint
 from atomtrain.training.evaluation import predict
 
 from conftest import RESOURCES
-from helpers import environment, run_directories, write_options
+from helpers import TINY_PET, environment, run_directories, write_options
 from test_faults import final_state, options_in, stop_then_resume_with_two, train_command
 
 PYTHON = sys.executable
@@ -82,7 +82,7 @@ SMALL_MACE = {
 }
 
 
-@pytest.fixture(scope="module", params=["soap_bpnn", "mace"])
+@pytest.fixture(scope="module", params=["soap_bpnn", "mace", "pet"])
 def polarisability_run(tmp_path_factory, request):
     directory = tmp_path_factory.mktemp("polarisability")
     options = metatrain_options(directory, QM7X, {"mtt::polarizability": POLARISABILITY})
@@ -91,6 +91,10 @@ def polarisability_run(tmp_path_factory, request):
             pytest.skip("mace-torch is not installed")
         content = yaml.safe_load(options.read_text())
         content["architecture"] = SMALL_MACE
+        options.write_text(yaml.safe_dump(content))
+    if request.param == "pet":  # on randomly rotated molecules, polarisabilities with them
+        content = yaml.safe_load(options.read_text())
+        content["architecture"] = {**SMALL_MACE, "name": "pet", "model": TINY_PET}
         options.write_text(yaml.safe_dump(content))
     return directory, train_and_export(directory, options)
 
