@@ -1,6 +1,7 @@
-"""atomtrain vs metatrain's SOAP-BPNN on the same work, measured side by side.
+"""atomtrain vs metatrain on the same work (SOAP-BPNN or PET), measured side by side.
 
     python benchmarks/compare_metatrain.py [--structures 200] [--epochs 4] [--threads 2]
+        [--architecture soap_bpnn|pet]
 
 Builds benchmarks/.venv-metatrain (metatrain[soap-bpnn]==2026.4.1, reusing this
 interpreter's torch so both run the same CPU build), then for each data set writes ONE
@@ -75,8 +76,33 @@ def validation_size(count: int) -> int:
     return max(1, round(0.1 * count))
 
 
+SOAP_BPNN = {
+    "soap": {"cutoff": {"radius": 5.0, "width": 0.5}, "max_radial": 7, "max_angular": 6},
+    "bpnn": {"num_hidden_layers": 2, "num_neurons_per_layer": 32, "layernorm": True},
+}
+# the same section for both tools: metatrain's pet defaults, written out
+PET = {
+    "cutoff": 4.5,
+    "cutoff_width": 0.5,
+    "d_pet": 128,
+    "d_head": 128,
+    "d_node": 256,
+    "d_feedforward": 256,
+    "num_heads": 8,
+    "num_attention_layers": 2,
+    "num_gnn_layers": 2,
+}
+SECTIONS = {"soap_bpnn": (SOAP_BPNN, 0.001), "pet": (PET, 0.0001)}
+
+
 def write_inputs(
-    directory: Path, name: str, count: int, epochs: int, batch: int, seed: int = 0
+    directory: Path,
+    name: str,
+    count: int,
+    epochs: int,
+    batch: int,
+    seed: int = 0,
+    architecture: str = "soap_bpnn",
 ) -> Path:
     source, stress = DATASETS[name]
     frames = ase.io.read(source, f":{count}")
@@ -96,21 +122,14 @@ def write_inputs(
         "device": "cpu",
         "base_precision": 32,
         "architecture": {
-            "name": "soap_bpnn",
-            "model": {
-                "soap": {
-                    "cutoff": {"radius": 5.0, "width": 0.5},
-                    "max_radial": 7,
-                    "max_angular": 6,
-                },
-                "bpnn": {"num_hidden_layers": 2, "num_neurons_per_layer": 32, "layernorm": True},
-            },
+            "name": architecture,
+            "model": SECTIONS[architecture][0],
             "training": {
                 "batch_size": batch,
                 "num_epochs": epochs,
                 "log_interval": 1,
                 "checkpoint_interval": 1000,
-                "learning_rate": 0.001,
+                "learning_rate": SECTIONS[architecture][1],
             },
         },
         "training_set": {
@@ -252,6 +271,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
     parser.add_argument("--workdir", type=Path, default=ROOT / "benchmarks" / "runs")
+    parser.add_argument("--architecture", choices=list(SECTIONS), default="soap_bpnn")
     parser.add_argument(
         "--seeds",
         type=int,
@@ -280,6 +300,7 @@ def main() -> None:
                     arguments.epochs,
                     arguments.batch_size,
                     seed,
+                    arguments.architecture,
                 )
                 measured = train(tool, mtt, options, arguments.threads, n_train)
                 errors[tool].append(final_validation_errors(tool, directory))
@@ -294,7 +315,8 @@ def main() -> None:
     keys = ["train_structures_per_s", "eval_structures_per_s", "peak_rss_mib", "first_epoch_s"]
     print(
         f"\n{arguments.structures} structures, {arguments.epochs} epochs, batch "
-        f"{arguments.batch_size}, {arguments.threads} threads, float32"
+        f"{arguments.batch_size}, {arguments.threads} threads, float32, "
+        f"{arguments.architecture}"
     )
     print(f"{'data':<10}" + "".join(f"{key:>24}" for key in keys))
     for name, results, _ in rows:
