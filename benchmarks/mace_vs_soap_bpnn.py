@@ -1,7 +1,8 @@
-"""MACE against SOAP-BPNN in atomtrain: held-out force error against wall time.
+"""SOAP-BPNN, MACE and PET in atomtrain: held-out force error against wall time.
 
     python benchmarks/mace_vs_soap_bpnn.py [--minutes 60] [--threads 2] [--data ethanol silicon]
-    python benchmarks/mace_vs_soap_bpnn.py --side-by-side   # both at once, one core each
+        [--architectures soap_bpnn mace pet]
+    python benchmarks/mace_vs_soap_bpnn.py --side-by-side   # two at once, one core each
 
 Each architecture trains on the same split of each data set for ``--minutes`` of wall
 time (then SIGTERM: atomtrain stops at a step boundary and writes its checkpoint). The
@@ -9,7 +10,8 @@ held-out part is given as the validation set, so the force RMSE that each epoch 
 is the held-out error; the curve is that error against the time since the start (read
 off train.log's timestamps). Both use a constant learning rate (a cosine over a
 number of epochs that a wall-time budget cuts short would be unfair to either) and the
-examples' hyperparameters: SOAP-BPNN as examples/ethanol, MACE as examples/mace.
+examples' hyperparameters: SOAP-BPNN as examples/ethanol, MACE as examples/mace, PET
+as examples/pet.
 Prints each curve's points and the best error of each, and writes mace_vs_soap_bpnn.png.
 
 ``--side-by-side`` trains the two architectures of a data set at the same time, each
@@ -58,7 +60,7 @@ def split(name: str, directory: Path) -> tuple[Path, Path, bool]:
 
 
 def options(architecture: str, train: Path, test: Path, stress: bool) -> dict:
-    example = "mace" if architecture == "mace" else "ethanol"
+    example = {"soap_bpnn": "ethanol"}.get(architecture, architecture)
     chosen = yaml.safe_load((ROOT / f"examples/{example}/options.yaml").read_text())
     chosen["architecture"]["training"].update(
         # no warmup: a fraction of 100000 epochs would be most of the budget
@@ -130,12 +132,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data", nargs="+", default=list(DATA), choices=list(DATA))
     parser.add_argument("--side-by-side", action="store_true")
+    parser.add_argument("--architectures", nargs="+", default=["soap_bpnn", "mace", "pet"])
     arguments = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mace_vs_soap_"))
     threads = 1 if arguments.side_by_side else arguments.threads
     how = "side by side, one core each" if arguments.side_by_side else "one after the other"
     print(f"{arguments.minutes:g} minutes each, {threads} threads, {how}, work in {work}")
-    architectures = ("soap_bpnn", "mace")
+    architectures = tuple(arguments.architectures)
+    if arguments.side_by_side and len(architectures) > len(os.sched_getaffinity(0)):
+        parser.error(f"--side-by-side pins each of {len(architectures)} runs to a core of its own")
     curves = {}
     for name in arguments.data:
         train, test, stress = split(name, work)

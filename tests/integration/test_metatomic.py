@@ -23,7 +23,7 @@ from atomtrain.cli.main import main
 from atomtrain.training.checkpoint import best_model
 
 from conftest import RESOURCES
-from helpers import run_directories, run_model, structure_from_atoms, write_options
+from helpers import TINY_PET, run_directories, run_model, structure_from_atoms, write_options
 from test_mace import TINY_MACE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -60,6 +60,17 @@ def mace(tmp_path_factory):
     )
 
 
+@pytest.fixture(scope="module")
+def pet(tmp_path_factory):
+    """A tiny PET (metatrain's PETBackend), exported the same way."""
+    return train(
+        tmp_path_factory.mktemp("pet"),
+        RESOURCES / "ethanol_40.xyz",
+        architecture__name="pet",
+        architecture__model=TINY_PET,
+    )
+
+
 def ethanol_molecule() -> ase.Atoms:
     atoms = ase.io.read(RESOURCES / "ethanol_40.xyz", index=3)
     atoms.calc = None
@@ -83,7 +94,8 @@ def silicon_cell() -> ase.Atoms:
     return atoms
 
 
-# runs in a fresh interpreter: metatomic only, atomtrain and sphericart.torch never imported
+# runs in a fresh interpreter: metatomic only; atomtrain, sphericart.torch, mace-torch and
+# metatrain never imported
 ENGINE_SIDE = textwrap.dedent(
     """
     import json, sys
@@ -148,7 +160,10 @@ ENGINE_SIDE = textwrap.dedent(
         "selected_samples": chosen.samples.values.tolist(),
         "selected_energies": chosen.values.detach().reshape(-1).tolist(),
     }
-    roots = ("atomtrain", "sphericart", "mace", "e3nn", "cuequivariance", "cuequivariance_torch")
+    roots = (
+        "atomtrain", "sphericart", "mace", "e3nn", "cuequivariance", "cuequivariance_torch",
+        "metatrain",
+    )
     imported = sorted(name for name in sys.modules if name.split(".")[0] in roots)
     print(json.dumps({"results": results, "batched_atoms": batched_atoms, "imported": imported}))
     """
@@ -175,14 +190,14 @@ def engine_predictions(model: Path, structures: list[ase.Atoms], directory: Path
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", ["ethanol", "silicon", "mace"])
+@pytest.mark.parametrize("case", ["ethanol", "silicon", "mace", "pet"])
 @pytest.mark.slow
 def test_metatomic_calculator_gives_atomtrains_predictions(case, request, tmp_path):
     """In a process without atomtrain, MetatomicCalculator gives the energies, forces and
     stress of atomtrain's own (Python) model to 1e-10, per-atom energies add up to the
     total, forces are -dE/dx, and selected_atoms picks the per-atom energies."""
     model, run = request.getfixturevalue(case)
-    molecules = case in ("ethanol", "mace")
+    molecules = case in ("ethanol", "mace", "pet")
     structures = [ethanol_molecule(), ethanol_in_a_box()] if molecules else [silicon_cell()]
     engine = engine_predictions(model, structures, tmp_path)
     assert engine["imported"] == []
@@ -253,7 +268,7 @@ def ipi_input(directory: Path, address: str, steps: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case", ["ethanol", "mace"])
+@pytest.mark.parametrize("case", ["ethanol", "mace", "pet"])
 @pytest.mark.slow
 def test_ipi_drives_the_model_through_its_metatomic_driver(case, request, tmp_path):
     """i-PI runs a short NVE trajectory with the model (SOAP-BPNN, MACE) served by
@@ -304,7 +319,7 @@ def read_ipi_properties(path: Path) -> tuple[list[int], list[float]]:
     return [int(float(row[0])) for row in rows], [float(row[5]) for row in rows]
 
 
-@pytest.mark.parametrize("case", ["ethanol", "mace"])
+@pytest.mark.parametrize("case", ["ethanol", "mace", "pet"])
 @pytest.mark.slow
 def test_ase_nve_conserves_the_total_energy(case, request, tmp_path):
     """examples/md/ase_md.py: 1,000 steps of 0.5 fs of NVE on ethanol at 300 K, with every
@@ -376,7 +391,7 @@ def test_md_examples_refuse_missing_files_in_one_line(ethanol, tmp_path):
     assert f"{missing}: output directory not found" in line
 
 
-@pytest.mark.parametrize("case", ["ethanol", "mace"])
+@pytest.mark.parametrize("case", ["ethanol", "mace", "pet"])
 @pytest.mark.slow
 def test_the_ipi_example_script_runs_every_architecture(case, request, tmp_path):
     """examples/md/ipi/run.sh as a user runs it, shortened to 30 steps: i-PI, its
