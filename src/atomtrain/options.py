@@ -240,6 +240,11 @@ class TrainingOptions(Strict):
     5e-7, mace_run_train's and metatrain's)."""
     amsgrad: bool = False
     """Adam's AMSGrad variant (MACE's default: true, mace_run_train's and metatrain's)."""
+    ema_decay: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """Keep an exponential moving average of the weights, with this decay per step
+    (mace_run_train's --ema_decay, 0.99 there, with its warm-up: the decay of step n is
+    at most (1 + n) / (10 + n)); validation, the best model and the export use the
+    average, and training continues from the weights themselves. Unset: no average."""
     grad_clip_norm: Annotated[float, Field(gt=0)] | None = None
     """Before each step, scale the gradient of the global batch (all processes together,
     so N processes still give the one-process model) down to this norm when it is larger
@@ -723,6 +728,18 @@ SplitOrDataset = Union[
 ]
 
 
+class LoggingOptions(Strict):
+    tensorboard: bool | None = None
+    """TensorBoard event files in the run directory's ``tensorboard/`` (the rows of
+    train.csv, by epoch). Unset: written when the tensorboard package is installed;
+    true: required (``pip install atomtrain[tensorboard]``); false: never."""
+    wandb: dict[str, Any] | None = None
+    """Log to Weights & Biases: the keys of ``wandb.init`` (project, entity, name,
+    group, tags, notes, mode). ``mode: offline`` needs no network (``wandb sync``
+    uploads later). A run resumed with --restart, requeued or not, continues the same
+    W&B run. Needs ``pip install atomtrain[wandb]``."""
+
+
 class Options(Strict):
     """Top-level options of ``atomtrain train``."""
 
@@ -755,6 +772,10 @@ class Options(Strict):
     print_stats: bool | Literal["auto"] = "auto"
     """metatrain's data set statistics printout: accepted and ignored (the log gives the
     set sizes and targets, and the data survey)."""
+    logging: LoggingOptions = LoggingOptions()
+    """Experiment logs beside train.csv (rank 0 writes them)."""
+    wandb: dict[str, Any] | None = None
+    """metatrain's spelling of ``logging.wandb``."""
     silence_warnings: list[SurveyWarning] = []
     """Warnings of the data survey at the start of every run and ``--check``
     (docs/sanity.md) to leave out, by the name each warning ends with:
@@ -772,6 +793,14 @@ class Options(Strict):
     def _metatrain_port(self) -> Options:
         if self.distributed.port is None:
             self.distributed.port = self.architecture.training.distributed_port
+        return self
+
+    @model_validator(mode="after")
+    def _metatrain_wandb(self) -> Options:
+        if self.wandb is not None:
+            if self.logging.wandb is not None:
+                raise ValueError("give W&B's settings once: logging.wandb or wandb, not both")
+            self.logging.wandb, self.wandb = self.wandb, None
         return self
 
 

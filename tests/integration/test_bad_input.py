@@ -176,8 +176,8 @@ def test_survey_warnings_name_their_silencer_and_it_silences_them(tmp_path, caps
 
 
 def test_unknown_architecture_lists_known_ones(tmp_path, capsys):
-    code, error = train_with(tmp_path, capsys, architecture__name="pet")
-    assert_one_line(code, error, "'architecture.name'", "unknown architecture 'pet'", "mace")
+    code, error = train_with(tmp_path, capsys, architecture__name="allegro")
+    assert_one_line(code, error, "'architecture.name'", "unknown architecture 'allegro'", "mace")
 
 
 def test_mace_irreps_in_e3nns_notation(tmp_path, capsys):
@@ -194,11 +194,11 @@ def test_restart_auto_without_earlier_run(tmp_path, capsys):
 
 def test_checkpoint_of_another_architecture(tmp_path, capsys):
     checkpoint = tmp_path / "other.ckpt"
-    torch.save({"format": FORMAT, "architecture": "pet"}, checkpoint)
+    torch.save({"format": FORMAT, "architecture": "allegro"}, checkpoint)
     code, error = train_with(tmp_path, capsys, "--restart", checkpoint)
-    assert_one_line(code, error, "other.ckpt", "architecture 'pet'")
+    assert_one_line(code, error, "other.ckpt", "architecture 'allegro'")
     code, error = run(capsys, "export", checkpoint)
-    assert_one_line(code, error, "architecture 'pet'")
+    assert_one_line(code, error, "architecture 'allegro'")
 
 
 def test_checkpoint_of_another_atomtrain_version(tmp_path, capsys):

@@ -608,11 +608,11 @@ def small_disk(tmp_path):
 
 def fill(directory: Path, leave: int) -> None:
     """Fill the file system of ``directory`` up to ``leave`` bytes."""
-    with open(directory / "filler", "wb") as stream:
+    # unbuffered: a write the disk took only part of leaves nothing for close to flush
+    with open(directory / "filler", "wb", buffering=0) as stream:
         try:
             while True:
                 stream.write(b"\0" * 65536)
-                stream.flush()
         except OSError:
             pass
     with open(directory / "filler", "r+b") as stream:

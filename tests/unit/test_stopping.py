@@ -70,12 +70,18 @@ def test_uninstall_gives_back_the_wakeup_descriptor_and_ends_the_thread():
 
 
 def test_handlers_are_given_back():
-    before = signal.getsignal(signal.SIGINT)
-    stop = StopRequest()
-    stop.install()
-    assert signal.getsignal(signal.SIGINT) != before
-    stop.uninstall()
-    assert signal.getsignal(signal.SIGINT) == before
+    # Python's own handler, whatever the starter left (a background job ignores SIGINT,
+    # and an ignored signal stays ignored: the next test)
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before = signal.getsignal(signal.SIGINT)
+        stop = StopRequest()
+        stop.install()
+        assert signal.getsignal(signal.SIGINT) != before
+        stop.uninstall()
+        assert signal.getsignal(signal.SIGINT) == before
+    finally:
+        signal.signal(signal.SIGINT, started_with)
 
 
 def test_a_hangup_is_a_stop_request(request_installed):

@@ -59,6 +59,7 @@ class TrainingState:
     baseline_span: list[list[float]] | None = None  # absent before it was recorded
     trained_on: str = ""
     options: dict[str, Any] | None = None  # the run's expanded options, for the record
+    average_state: dict[str, Any] | None = None  # the weights' moving average (ema_decay)
 
     def to_dict(self) -> dict[str, Any]:
         state = {"format": FORMAT, **dataclasses.asdict(self)}

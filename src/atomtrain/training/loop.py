@@ -24,12 +24,14 @@ from ..errors import AtomtrainError
 from ..models.energy_model import EnergyModel
 from ..models.export import copy_export, export
 from ..options import PRODUCT_METRICS, Options, expanded
+from .averaging import WeightAverage
 from .baseline import refit_baseline
 from .batches import StepBatches, batch_workers
 from .checkpoint import TrainingState, replace_best_model, save_checkpoint
 from .curves import CurvesInBackground
 from .datasets import Datasets
 from .evaluation import metric_sums, predict
+from .experiment_logs import ExperimentLogs
 from .losses import batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
 from .outputs import (
@@ -159,6 +161,11 @@ class Trainer:
             record = expanded(options)
             record["seed"] = seed
             write_run_record(run.directory, record, self.datasets.split)
+        self.experiment_logs = (
+            ExperimentLogs(options.logging, run.directory, {**expanded(options), "seed": seed})
+            if context.is_main
+            else None
+        )
         architecture = prepared.architecture
         architecture.check_device(context.device)
         self.model.to(context.device)
@@ -169,6 +176,8 @@ class Trainer:
         first = "torch._dynamo" not in sys.modules  # torch.optim imports it (1 s here)
         with self.phases.timed("optimizer", "importing torch._dynamo" if first else ""):
             self.optimizer = make_optimizer(trained, self.training_options, architecture.decays)
+        decay = self.training_options.ema_decay
+        self.average = WeightAverage(self.parameters, decay) if decay is not None else None
         clip_norm = self.training_options.grad_clip_norm
         self.clip_norm = clip_norm if clip_norm is not None and math.isfinite(clip_norm) else None
         self.steps_per_epoch = self.plan.steps_per_epoch
@@ -192,6 +201,8 @@ class Trainer:
             self.scheduler.load_state_dict(state.scheduler_state)
             if state.plateau_state is not None:
                 self.plateau.load_state_dict(state.plateau_state)
+            if self.average is not None and state.average_state is not None:
+                self.average.load_state_dict(state.average_state)
             self.start_epoch = state.epoch
             self.start_step = state.step
             if self.start_step and context.is_main:
@@ -256,6 +267,8 @@ class Trainer:
                     # the gradients are the global batch's here, the same on every rank
                     torch.nn.utils.clip_grad_norm_(self.parameters, self.clip_norm)
                 self.optimizer.step()
+                if self.average is not None:
+                    self.average.update()
                 self.scheduler.step()
                 self.global_step += 1
                 if self.started is not None:  # what setting up cost, for large data sets
@@ -300,6 +313,10 @@ class Trainer:
             f"written to {path}. Resume with: atomtrain train OPTIONS --restart auto "
             f"(or --restart {path})"
         )
+
+    def averaged(self) -> contextlib.AbstractContextManager:
+        """The weights' moving average in the model inside the block, when one is kept."""
+        return self.average.applied() if self.average is not None else contextlib.nullcontext()
 
     def check_consistency(self) -> None:
         check_same_parameters(self.context, self.model, self.global_step)
@@ -351,6 +368,7 @@ class Trainer:
             baseline_span=self.model.baseline_span,
             trained_on=self.model.trained_on,
             options=expanded(self.options),
+            average_state=self.average.state_dict() if self.average is not None else None,
         )
 
     # the whole run -----------------------------------------------------------------
@@ -361,6 +379,8 @@ class Trainer:
                 return self.epochs()
         finally:
             self.stop.uninstall()
+            if self.experiment_logs is not None:
+                self.experiment_logs.close()
 
     def epochs(self) -> dict[str, dict[str, float]]:
         options = self.training_options
@@ -376,9 +396,10 @@ class Trainer:
             train_values = self.train_epoch(epoch, start_step)
             completed = epoch + 1
             if completed % options.log_interval == 0 or completed == options.num_epochs:
-                validation_values = self.evaluate_with_shares(
-                    self.datasets.validation, self.validation_files
-                )
+                with self.averaged():
+                    validation_values = self.evaluate_with_shares(
+                        self.datasets.validation, self.validation_files
+                    )
                 train_sums, validation_sums, *file_sums = reduce_together(
                     context, [train_values, *validation_values]
                 )
@@ -398,7 +419,8 @@ class Trainer:
                 if metric < self.best_metric:
                     self.best_metric = metric
                     self.best_epoch = completed
-                    self.best_state = copy.deepcopy(self.model.state_dict())
+                    with self.averaged():
+                        self.best_state = copy.deepcopy(self.model.state_dict())
                     if context.is_main:
                         save_checkpoint(directory / "best.ckpt", self.checkpoint_state(completed))
                 self.log_epoch(
@@ -443,6 +465,8 @@ class Trainer:
             units = {spec.name: spec.unit for spec in self.model.target_specs()}
             row = {with_unit(name, units): value for name, value in row.items()}
             append_csv(self.run.directory / "train.csv", row)
+            if self.experiment_logs is not None:
+                self.experiment_logs.log(epoch, row)
 
     def finish(self) -> dict[str, dict[str, float]]:
         """Evaluate the best model on every set, log the table, export (the learning

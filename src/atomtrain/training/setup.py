@@ -30,6 +30,7 @@ from .baseline import (
 )
 from .checkpoint import TrainingState, model_from_checkpoint
 from .datasets import Datasets, file_labels, load_datasets
+from .experiment_logs import check_logging
 from .new_heads import extend_heads, heads_to_fit
 from .outputs import LOGGER_NAME
 from .reports import describe_data, describe_training
@@ -271,6 +272,7 @@ def prepare(
     check_cache_setting()
     architecture = registry.architecture(options.architecture.name)
     architecture.check_section(options.architecture.model)
+    check_logging(options.logging)
     specs, energy_names = training_targets(options)
     if specs and not architecture.learns_other_targets:
         raise OptionsError(
