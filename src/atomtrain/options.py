@@ -244,7 +244,8 @@ class TrainingOptions(Strict):
     """Keep an exponential moving average of the weights, with this decay per step
     (mace_run_train's --ema_decay, 0.99 there, with its warm-up: the decay of step n is
     at most (1 + n) / (10 + n)); validation, the best model and the export use the
-    average, and training continues from the weights themselves. Unset: no average."""
+    average, and training continues from the weights themselves. Unset: 0.99 for MACE
+    (measured: lower held-out force errors), none for SOAP-BPNN and PET; null: none."""
     grad_clip_norm: Annotated[float, Field(gt=0)] | None = None
     """Before each step, scale the gradient of the global batch (all processes together,
     so N processes still give the one-process model) down to this norm when it is larger
