@@ -144,14 +144,29 @@ class LossOptions(Strict):
 FINETUNE_LEARNING_RATE = 1e-4
 
 
+class HeadsConfig(Strict):
+    head_modules: list[str] | None = None
+    """Modules to train, as name patterns of the model's parameters (fnmatch; a module
+    stands for everything under it), in atomtrain's names or metatrain's (PET's
+    "node_heads"). Unset, with last_layer_modules unset: the architecture's heads and
+    last layers (SOAP-BPNN: each element network's last layer; MACE: its readouts;
+    PET: metatrain's node and edge heads and last layers). The heads of mtt:: targets
+    and energy variants always train."""
+    last_layer_modules: list[str] | None = None
+    """More modules to train, as head_modules (metatrain keeps the two apart)."""
+
+
 class FinetuneOptions(Strict):
     read_from: str
     """Checkpoint (.ckpt) of an atomtrain training, whose best model training starts
     from, or a model exported by atomtrain (model.pt); relative paths are relative to the
     options file."""
-    method: Literal["full"] = "full"
-    """Which parameters are trained: "full", all of them (metatrain's name; the only
-    method)."""
+    method: Literal["full", "heads"] = "full"
+    """Which parameters are trained (metatrain's names): "full", all of them; "heads",
+    only the heads and last layers (config), the rest kept bitwise as the pretrained
+    model has it. metatrain's "lora" is not implemented."""
+    config: HeadsConfig = HeadsConfig()
+    """The modules the heads method trains (metatrain's keys)."""
     inherit_heads: dict[str, str] = {}
     """Heads this run adds that start from one of the pretrained model's (metatrain's
     key), {new target: pretrained target}: an mtt:: target from another of the same
@@ -794,6 +809,16 @@ class Options(Strict):
     def _metatrain_port(self) -> Options:
         if self.distributed.port is None:
             self.distributed.port = self.architecture.training.distributed_port
+        return self
+
+    @model_validator(mode="after")
+    def _heads_config(self) -> Options:
+        finetune = self.architecture.training.finetune
+        if finetune is not None and finetune.method == "full" and finetune.config.model_fields_set:
+            raise ValueError(
+                "architecture.training.finetune.config names modules to train, which only "
+                "method: heads uses; set method: heads or remove config"
+            )
         return self
 
     @model_validator(mode="after")

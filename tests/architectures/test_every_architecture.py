@@ -12,7 +12,8 @@ SMALL_SECTIONS when its defaults are slow.
 - a float32 model gives the float64 model's energies to float32 precision;
 - a trained run's checkpoint gives the model its export gives, and that export runs
   in a process that never imports atomtrain (slow);
-- fine-tuning starts from the trained model (slow);
+- fine-tuning starts from the trained model (slow), and its heads method trains the
+  heads only, every other parameter bitwise as it was, on two processes (slow);
 - ``--nproc 2`` trains the one-process model (slow).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from fnmatch import fnmatch
 
 import ase
 import ase.build
@@ -256,3 +258,36 @@ def test_two_processes_train_the_one_process_model(name, tmp_path):
     tolerance = 1e-7 if name == "pet" else 1e-10
     for key, value in weights[0].items():
         torch.testing.assert_close(weights[1][key], value, rtol=tolerance, atol=tolerance / 100)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_heads_fine_tuning_keeps_every_other_parameter_bitwise_on_two_processes(name, tmp_path):
+    run = train(tmp_path / "first", options_for(tmp_path / "first", name))
+    pretrained = best_model(run / "best.ckpt").state_dict()
+    finetune = {"read_from": str(run / "best.ckpt"), "method": "heads"}
+    options = options_for(tmp_path / "second", name, architecture__training__finetune=finetune)
+    tuned_run = train(tmp_path / "second", options, "--nproc", 2)
+    tuned = torch.load(tuned_run / "last.ckpt", weights_only=True)["model_state"]
+    model = best_model(tuned_run / "best.ckpt")
+    patterns = registry.architecture(name).head_modules(model_section(model))
+    prefix = registry.architecture(name).module_prefix
+    changed, kept = [], []
+    for key, value in pretrained.items():
+        if not value.is_floating_point() or key not in dict(model.named_parameters()):
+            continue
+        in_head = any(
+            fnmatch(key, f"{prefix}{pattern}*") or fnmatch(key, f"{pattern}*")
+            for pattern in patterns
+        )
+        (changed if in_head else kept).append(key)
+        if not in_head:
+            assert torch.equal(tuned[key], value), key
+    assert kept and changed
+    assert any(not torch.equal(tuned[key], pretrained[key]) for key in changed)
+    log = (tuned_run / "train.log").read_text()
+    assert "fine-tuning method heads:" in log
+
+
+def model_section(model):
+    return registry.architecture_of(model.hypers).options_from(model.hypers)

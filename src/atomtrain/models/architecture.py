@@ -86,6 +86,14 @@ class Architecture:
     """Reads a metatrain checkpoint of the architecture (the dictionary
     models.metatrain_checkpoint loads, and its path for messages) as a model whose
     ``hypers`` build it again: fine-tuning and eval start from it."""
+    head_modules: Callable[[BaseModel], tuple[str, ...]] | None = None
+    """The modules fine-tuning's ``heads`` method trains by default (its last layers and
+    readouts), as name patterns of the model's parameters (fnmatch; a module's name
+    stands for every parameter under it); None: the method is not offered."""
+    module_prefix: str = ""
+    """Where the architecture's own network sits among the model's parameters ("pet."):
+    module names given as metatrain names them, relative to the network, are found under
+    it."""
     training_defaults: dict[str, Any] = field(default_factory=dict)
     """Defaults of the training section that differ from the common ones (metatrain's
     for the architecture), for the keys an options file leaves unset."""

@@ -31,6 +31,7 @@ from .baseline import (
 from .checkpoint import TrainingState, model_from_checkpoint
 from .datasets import Datasets, file_labels, load_datasets
 from .experiment_logs import check_logging
+from .freezing import freeze_for_method
 from .new_heads import extend_heads, heads_to_fit
 from .outputs import LOGGER_NAME
 from .reports import describe_data, describe_training
@@ -303,9 +304,10 @@ def prepare(
         model = pretrained.set_precision(dtype)
         assign_energy_variants(datasets, model.energy_names)
         training_options = options.architecture.training
+        method = finetune.method if finetune is not None else "full"
         logger.info(
-            f"fine-tuning the best model of {starting_point(options)} (all "
-            f"parameters) at learning rate {training_options.learning_rate:g} (fine-tuning's "
+            f"fine-tuning the best model of {starting_point(options)} (method {method}) at "
+            f"learning rate {training_options.learning_rate:g} (fine-tuning's "
             f"default when unset: {FINETUNE_LEARNING_RATE:g}); its per-element energy "
             "baseline and target scale are kept"
         )
@@ -331,6 +333,7 @@ def prepare(
         fit_baseline(model, training, options, context, architecture.scale_from_forces)
         fit_target_baselines(model, training, context)
     assign_energy_variants(datasets, model.energy_names)
+    freeze_for_method(model, architecture, options)
     cutoff = float(model.cutoff)
     warned = check_training_data(
         options.training_set, datasets.files["training"], cutoff, options.silence_warnings

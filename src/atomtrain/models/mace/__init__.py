@@ -92,6 +92,8 @@ ARCHITECTURE = Architecture(
     start_file_key="mace_model",
     learns_other_targets=True,
     read_file=read_file,
+    head_modules=lambda section: ("readouts",),  # every interaction's readout
+    module_prefix="mace.",
     # metatrain's experimental.mace defaults, which are mace_run_train's (but its
     # gradient clipping at 10)
     training_defaults={

@@ -49,6 +49,14 @@ ARCHITECTURE = Architecture(
     install="`pip install atomtrain[pet]`",
     learns_other_targets=True,
     augments_rotations=True,
+    # metatrain's pet defaults for heads fine-tuning: its heads and last layers
+    head_modules=lambda section: (
+        "node_heads",
+        "edge_heads",
+        "node_last_layers",
+        "edge_last_layers",
+    ),
+    module_prefix="pet.",
     read_metatrain=read_metatrain,
     # metatrain's pet defaults; its weight_decay is AdamW's
     training_defaults={

@@ -50,6 +50,11 @@ def upgrade_hypers(hypers: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def head_modules(options: ModelOptions) -> tuple[str, ...]:
+    """The last layer of every element's network."""
+    return (f"networks.networks.*.{2 * options.bpnn.num_hidden_layers}",)
+
+
 def build(options: ModelOptions, facts: DataFacts) -> SoapBpnn:
     from .model import SoapBpnn
 
@@ -69,4 +74,5 @@ ARCHITECTURE = Architecture(
     load_extensions=import_sphericart_torch,
     upgrade_hypers=upgrade_hypers,
     learns_other_targets=True,
+    head_modules=head_modules,
 )

@@ -1,0 +1,80 @@
+"""Fine-tuning's ``heads`` method: only the heads and last layers train, every other
+parameter stays as the pretrained model has it (``requires_grad`` off, so the optimizer
+never holds it and no process sums its gradient).
+
+The modules are given as name patterns of the model's parameters (fnmatch; a module
+stands for every parameter under it), in atomtrain's names ("mace.readouts") or in
+metatrain's, relative to the architecture's network ("node_heads", or
+"backend.node_heads" as metatrain's PET names it). atomtrain's own heads (of mtt::
+targets and energy variants) always train.
+"""
+
+from __future__ import annotations
+
+import logging
+from fnmatch import fnmatch
+
+from ..errors import OptionsError
+from ..models.architecture import Architecture
+from ..models.energy_model import EnergyModel
+from ..options import Options
+from .outputs import LOGGER_NAME
+
+logger = logging.getLogger(LOGGER_NAME)
+
+OWN_HEADS = ("heads", "variant_heads")
+METATRAIN_NETWORK = "backend."
+
+
+def matches(name: str, pattern: str) -> bool:
+    return fnmatch(name, pattern) or fnmatch(name, pattern + ".*")
+
+
+def spellings(pattern: str, architecture: Architecture) -> list[str]:
+    """A pattern as given, and under the architecture's network."""
+    inner = pattern.removeprefix(METATRAIN_NETWORK)
+    return [pattern, architecture.module_prefix + inner]
+
+
+def modules_of(names: list[str]) -> list[str]:
+    """The model's modules two levels down, for a message."""
+    found: list[str] = []
+    for name in names:
+        module = ".".join(name.split(".")[:2])
+        if module not in found:
+            found.append(module)
+    return found
+
+
+def freeze_for_method(model: EnergyModel, architecture: Architecture, options: Options) -> None:
+    finetune = options.architecture.training.finetune
+    if finetune is None or finetune.method != "heads":
+        return
+    key = "architecture.training.finetune.config"
+    if architecture.head_modules is None:
+        raise OptionsError(
+            f"architecture.training.finetune.method: heads is not offered for "
+            f"{architecture.name}; use method: full"
+        )
+    config = finetune.config
+    given = [*(config.head_modules or []), *(config.last_layer_modules or [])]
+    patterns = given or list(architecture.head_modules(options.architecture.model))
+    names = [name for name, _ in model.named_parameters()]
+    for pattern in patterns:
+        if not any(matches(name, s) for name in names for s in spellings(pattern, architecture)):
+            raise OptionsError(
+                f"{key}: '{pattern}' names no module of this {architecture.display_name} "
+                f"model; its modules: {', '.join(modules_of(names))}"
+            )
+    patterns = [s for pattern in patterns for s in spellings(pattern, architecture)]
+    patterns += list(OWN_HEADS)
+    trained = 0
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(any(matches(name, pattern) for pattern in patterns))
+        trained += parameter.numel() if parameter.requires_grad else 0
+    total = sum(parameter.numel() for parameter in model.parameters())
+    chosen = ", ".join(given) if given else "the architecture's heads"
+    logger.info(
+        f"fine-tuning method heads: {trained} of {total} parameters train ({chosen}); the "
+        "others stay as the pretrained model has them"
+    )
