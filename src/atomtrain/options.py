@@ -144,7 +144,7 @@ class LossOptions(Strict):
 FINETUNE_LEARNING_RATE = 1e-4
 
 
-class HeadsConfig(Strict):
+class FinetuneConfig(Strict):
     head_modules: list[str] | None = None
     """Modules to train, as name patterns of the model's parameters (fnmatch; a module
     stands for everything under it), in atomtrain's names or metatrain's (PET's
@@ -154,6 +154,21 @@ class HeadsConfig(Strict):
     and energy variants always train."""
     last_layer_modules: list[str] | None = None
     """More modules to train, as head_modules (metatrain keeps the two apart)."""
+    rank: Annotated[int, Field(ge=1)] = 4
+    """lora: the adapters' rank."""
+    alpha: Annotated[float, Field(gt=0)] = 8.0
+    """lora: the adapters' scale is alpha / rank (metatrain's default alpha: 8)."""
+    target_modules: list[str] | None = None
+    """lora: the linear maps to adapt, as patterns of their names or of the last part
+    of them (metatrain's). Unset: SOAP-BPNN's every linear map, PET's attention input
+    and output maps (input_linear, output_linear: metatrain's default); MACE's adapters
+    (mace-torch's own) go on every linear map."""
+
+
+FINETUNE_CONFIG_KEYS = {
+    "heads": {"head_modules", "last_layer_modules"},
+    "lora": {"rank", "alpha", "target_modules"},
+}
 
 
 class FinetuneOptions(Strict):
@@ -161,12 +176,14 @@ class FinetuneOptions(Strict):
     """Checkpoint (.ckpt) of an atomtrain training, whose best model training starts
     from, or a model exported by atomtrain (model.pt); relative paths are relative to the
     options file."""
-    method: Literal["full", "heads"] = "full"
+    method: Literal["full", "heads", "lora"] = "full"
     """Which parameters are trained (metatrain's names): "full", all of them; "heads",
-    only the heads and last layers (config), the rest kept bitwise as the pretrained
-    model has it. metatrain's "lora" is not implemented."""
-    config: HeadsConfig = HeadsConfig()
-    """The modules the heads method trains (metatrain's keys)."""
+    only the heads and last layers (config's head_modules, last_layer_modules); "lora",
+    only low-rank adapters on the linear maps (config's rank, alpha, target_modules),
+    merged into the exported model. Every other parameter stays bitwise as the
+    pretrained model has it."""
+    config: FinetuneConfig = FinetuneConfig()
+    """What the heads and lora methods train (metatrain's keys)."""
     inherit_heads: dict[str, str] = {}
     """Heads this run adds that start from one of the pretrained model's (metatrain's
     key), {new target: pretrained target}: an mtt:: target from another of the same
@@ -814,11 +831,15 @@ class Options(Strict):
     @model_validator(mode="after")
     def _heads_config(self) -> Options:
         finetune = self.architecture.training.finetune
-        if finetune is not None and finetune.method == "full" and finetune.config.model_fields_set:
-            raise ValueError(
-                "architecture.training.finetune.config names modules to train, which only "
-                "method: heads uses; set method: heads or remove config"
-            )
+        if finetune is None:
+            return self
+        for method, keys in FINETUNE_CONFIG_KEYS.items():
+            given = sorted(finetune.config.model_fields_set & keys)
+            if given and finetune.method != method:
+                raise ValueError(
+                    f"architecture.training.finetune.config.{given[0]} is for method: "
+                    f"{method}; set method: {method} or remove the key"
+                )
         return self
 
     @model_validator(mode="after")

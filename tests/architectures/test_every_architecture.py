@@ -12,8 +12,9 @@ SMALL_SECTIONS when its defaults are slow.
 - a float32 model gives the float64 model's energies to float32 precision;
 - a trained run's checkpoint gives the model its export gives, and that export runs
   in a process that never imports atomtrain (slow);
-- fine-tuning starts from the trained model (slow), and its heads method trains the
-  heads only, every other parameter bitwise as it was, on two processes (slow);
+- fine-tuning starts from the trained model (slow); its heads and lora methods train
+  the heads or the adapters only, every other parameter bitwise as it was, on two
+  processes, and lora's export (adapters merged) is the adapted model (slow);
 - ``--nproc 2`` trains the one-process model (slow).
 """
 
@@ -34,6 +35,7 @@ from scipy.spatial.transform import Rotation
 
 from atomtrain.cli.main import main
 from atomtrain.models import registry
+from atomtrain.models.export import load_exported
 from atomtrain.training.checkpoint import best_model, load_checkpoint
 
 from conftest import RESOURCES
@@ -291,3 +293,33 @@ def test_heads_fine_tuning_keeps_every_other_parameter_bitwise_on_two_processes(
 
 def model_section(model):
     return registry.architecture_of(model.hypers).options_from(model.hypers)
+
+
+def under_adapter(name: str, state: dict) -> str:
+    """A pretrained parameter's name in a model whose map it sits in is adapted."""
+    if name in state:
+        return name
+    module, _, leaf = name.rpartition(".")
+    return f"{module}.base.{leaf}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_lora_trains_adapters_only_on_two_processes_and_exports_them_merged(name, tmp_path):
+    run = train(tmp_path / "first", options_for(tmp_path / "first", name))
+    pretrained = {k: p.detach() for k, p in best_model(run / "best.ckpt").named_parameters()}
+    finetune = {"read_from": str(run / "best.ckpt"), "method": "lora", "config": {"rank": 2}}
+    options = options_for(tmp_path / "second", name, architecture__training__finetune=finetune)
+    tuned_run = train(tmp_path / "second", options, "--nproc", 2)
+    tuned = best_model(tuned_run / "best.ckpt")
+    state = tuned.state_dict()
+    assert any("lora" in key and state[key].abs().max() > 0 for key in state)
+    for key, value in pretrained.items():
+        assert torch.equal(state[under_adapter(key, state)], value), key
+    # the export, adapters merged, is the adapted model
+    atoms = molecule()
+    ours = predictions(tuned, atoms)
+    exported = load_exported(tuned_run / "model.pt")
+    theirs = predictions(exported, atoms)
+    assert theirs["energy"][0] == pytest.approx(ours["energy"][0], rel=1e-10)
+    np.testing.assert_allclose(theirs["forces"], ours["forces"], rtol=1e-8, atol=1e-9)

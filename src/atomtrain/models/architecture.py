@@ -12,6 +12,7 @@ import torch
 from pydantic import BaseModel
 
 from ..targets import TargetSpec
+from . import adapters
 from .energy_model import EnergyModel
 
 
@@ -90,6 +91,15 @@ class Architecture:
     """The modules fine-tuning's ``heads`` method trains by default (its last layers and
     readouts), as name patterns of the model's parameters (fnmatch; a module's name
     stands for every parameter under it); None: the method is not offered."""
+    lora_targets: tuple[str, ...] = ("*",)
+    """The linear maps fine-tuning's ``lora`` method adapts by default (patterns of their
+    names, or of the last part of them: metatrain's ``input_linear``)."""
+    inject_adapters: Callable[[EnergyModel, int, float, tuple[str, ...]], int] = (
+        adapters.inject_linear
+    )
+    """Puts low-rank adapters (rank, alpha) on the chosen linear maps; how many."""
+    merge_adapters: Callable[[EnergyModel], None] = adapters.merge_linear
+    """Folds the adapters into the maps they adapt (for export)."""
     module_prefix: str = ""
     """Where the architecture's own network sits among the model's parameters ("pet."):
     module names given as metatrain names them, relative to the network, are found under
@@ -129,4 +139,8 @@ class Architecture:
             specs = [TargetSpec.from_record(record) for record in targets["others"]]
             energies = targets.get("energies", ["energy"] if targets.get("energy") else [])
             model.attach_targets(specs, energies, targets.get("relative"))
+        lora = hypers.get("adapters")
+        if lora is not None:
+            self.inject_adapters(model, lora["rank"], lora["alpha"], tuple(lora["targets"]))
+            model.hypers = {**model.hypers, "adapters": lora}
         return model

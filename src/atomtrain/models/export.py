@@ -26,7 +26,7 @@ import torch
 
 from ..errors import AtomtrainError
 from ..io import atomic_save_with_directory
-from . import registry
+from . import adapters, registry
 from .energy_model import EnergyModel
 
 # the model's hyperparameters, stored beside the TorchScript code (which does not keep
@@ -46,6 +46,7 @@ def atomistic_model(model: EnergyModel):
 
     from .metatomic_wrapper import MetatomicEnergy
 
+    model = adapters.merged(model)  # engines get the plain architecture
     architecture = registry.architecture_of(model.hypers)
     specs = model.target_specs()
     inner = architecture.script(copy.deepcopy(model).cpu().eval())

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import AtomtrainError, OptionsError
-from ..models import registry
+from ..models import adapters, registry
 from ..models.energy_model import EnergyModel
 from ..models.export import BASELINE_SPAN_FILE, HYPERS_FILE, load_exported
 from ..options import FINETUNE_LEARNING_RATE, Options
@@ -80,7 +80,8 @@ def adopt_pretrained(options: Options, source: str) -> EnergyModel | None:
     read_from = starting_point(options)
     if read_from is None:
         return None
-    model = pretrained_model(read_from, architecture.name)
+    # a model fine-tuned with adapters starts the next run as the plain model it exports
+    model = adapters.merged(pretrained_model(read_from, architecture.name))
     hypers = model.hypers
     if hypers["architecture"] != architecture.name:
         raise OptionsError(

@@ -1,6 +1,7 @@
-"""Fine-tuning's ``heads`` method: only the heads and last layers train, every other
-parameter stays as the pretrained model has it (``requires_grad`` off, so the optimizer
-never holds it and no process sums its gradient).
+"""Fine-tuning's ``heads`` and ``lora`` methods: only the heads and last layers, or only
+low-rank adapters on the linear maps (models/adapters.py), train; every other parameter
+stays as the pretrained model has it (``requires_grad`` off, so the optimizer never
+holds it and no process sums its gradient).
 
 The modules are given as name patterns of the model's parameters (fnmatch; a module
 stands for every parameter under it), in atomtrain's names ("mace.readouts") or in
@@ -15,6 +16,7 @@ import logging
 from fnmatch import fnmatch
 
 from ..errors import OptionsError
+from ..models import adapters
 from ..models.architecture import Architecture
 from ..models.energy_model import EnergyModel
 from ..options import Options
@@ -48,7 +50,10 @@ def modules_of(names: list[str]) -> list[str]:
 
 def freeze_for_method(model: EnergyModel, architecture: Architecture, options: Options) -> None:
     finetune = options.architecture.training.finetune
-    if finetune is None or finetune.method != "heads":
+    if finetune is None or finetune.method == "full":
+        return
+    if finetune.method == "lora":
+        train_adapters(model, architecture, options)
         return
     key = "architecture.training.finetune.config"
     if architecture.head_modules is None:
@@ -77,4 +82,37 @@ def freeze_for_method(model: EnergyModel, architecture: Architecture, options: O
     logger.info(
         f"fine-tuning method heads: {trained} of {total} parameters train ({chosen}); the "
         "others stay as the pretrained model has them"
+    )
+
+
+def train_adapters(model: EnergyModel, architecture: Architecture, options: Options) -> None:
+    """Adapters on the model (unless it has them: a resumed run's model is built with
+    them), and only they (and atomtrain's own heads) train."""
+    config = options.architecture.training.finetune.config
+    if "adapters" not in model.hypers:
+        targets = tuple(config.target_modules or architecture.lora_targets)
+        dtype = next(model.parameters()).dtype
+        count = architecture.inject_adapters(model, config.rank, config.alpha, targets)
+        if count == 0:
+            raise OptionsError(
+                "architecture.training.finetune.config.target_modules: "
+                f"{', '.join(targets)} names no linear map of this "
+                f"{architecture.display_name} model; lora adapts linear maps"
+            )
+        model.set_precision(dtype)
+        model.hypers = {
+            **model.hypers,
+            "adapters": adapters.record(config.rank, config.alpha, targets),
+        }
+    trained = 0
+    for name, parameter in model.named_parameters():
+        own_head = any(matches(name, pattern) for pattern in OWN_HEADS)
+        parameter.requires_grad_(adapters.is_adapter(name) or own_head)
+        trained += parameter.numel() if parameter.requires_grad else 0
+    total = sum(parameter.numel() for parameter in model.parameters())
+    lora = model.hypers["adapters"]
+    logger.info(
+        f"fine-tuning method lora: adapters of rank {lora['rank']} (alpha {lora['alpha']:g}) "
+        f"on {', '.join(lora['targets'])}: {trained} of {total} parameters train; the "
+        "exported model has them merged"
     )

@@ -62,6 +62,28 @@ def decays(name: str) -> bool:
     return interaction and ("linear.weight" in name or "skip_tp_full.weight" in name)
 
 
+def inject_adapters(model: MaceModel, rank: int, alpha: float, targets: tuple[str, ...]) -> int:
+    """mace-torch's own LoRA (mace_run_train's --lora): on every linear map of MACE,
+    equivariant (e3nn's o3.Linear, with an equivariant bottleneck) or dense."""
+    from mace.modules import lora
+
+    if targets != ("*",):
+        from ...errors import OptionsError
+
+        raise OptionsError(
+            "architecture.training.finetune.config.target_modules: MACE's adapters go on "
+            "every linear map (mace-torch's LoRA); remove target_modules"
+        )
+    lora.inject_lora(model.mace, rank=rank, alpha=alpha)
+    return sum(1 for name, _ in model.named_parameters() if "lora_A" in name)
+
+
+def merge_adapters(model: MaceModel) -> None:
+    from mace.modules import lora
+
+    lora.merge_lora_weights(model.mace, inplace=True)
+
+
 def check_section(options: ModelOptions) -> None:
     """``cueq: true`` that this installation or the model's correlation cannot honour,
     refused before the data is read (the kernels are chosen once the model meets its
@@ -94,6 +116,8 @@ ARCHITECTURE = Architecture(
     read_file=read_file,
     head_modules=lambda section: ("readouts",),  # every interaction's readout
     module_prefix="mace.",
+    inject_adapters=inject_adapters,
+    merge_adapters=merge_adapters,
     # metatrain's experimental.mace defaults, which are mace_run_train's (but its
     # gradient clipping at 10)
     training_defaults={

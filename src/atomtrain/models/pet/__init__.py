@@ -57,6 +57,8 @@ ARCHITECTURE = Architecture(
         "edge_last_layers",
     ),
     module_prefix="pet.",
+    # metatrain's pet default: the attention's input and output maps
+    lora_targets=("input_linear", "output_linear"),
     read_metatrain=read_metatrain,
     # metatrain's pet defaults; its weight_decay is AdamW's
     training_defaults={
