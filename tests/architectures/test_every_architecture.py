@@ -203,6 +203,20 @@ def train(directory, options, *extra) -> object:
     return run
 
 
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory):
+    """A trained run per architecture, made once for the tests that start from one."""
+    runs = {}
+
+    def run_of(name):
+        if name not in runs:
+            directory = tmp_path_factory.mktemp(f"trained_{name}")
+            runs[name] = train(directory, options_for(directory, name))
+        return runs[name]
+
+    return run_of
+
+
 ENGINE = """
 import json, sys
 import ase.io
@@ -216,10 +230,10 @@ print(json.dumps({"energy": energy, "atomtrain": "atomtrain" in sys.modules}))
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_checkpoint_export_and_fine_tuning_of_a_trained_run(name, tmp_path):
+def test_checkpoint_export_and_fine_tuning_of_a_trained_run(name, tmp_path, trained_runs):
     """The best checkpoint gives the exported model's energy in an engine's process
     that never imports atomtrain; a fine-tuning run starts from that model."""
-    run = train(tmp_path / "first", options_for(tmp_path / "first", name))
+    run = trained_runs(name)
     model = best_model(run / "best.ckpt")
     assert load_checkpoint(run / "best.ckpt").architecture == name
     ours = float(predictions(model, molecule())["energy"][0])
@@ -264,8 +278,10 @@ def test_two_processes_train_the_one_process_model(name, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_heads_fine_tuning_keeps_every_other_parameter_bitwise_on_two_processes(name, tmp_path):
-    run = train(tmp_path / "first", options_for(tmp_path / "first", name))
+def test_heads_fine_tuning_keeps_every_other_parameter_bitwise_on_two_processes(
+    name, tmp_path, trained_runs
+):
+    run = trained_runs(name)
     pretrained = best_model(run / "best.ckpt").state_dict()
     finetune = {"read_from": str(run / "best.ckpt"), "method": "heads"}
     options = options_for(tmp_path / "second", name, architecture__training__finetune=finetune)
@@ -305,8 +321,10 @@ def under_adapter(name: str, state: dict) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_lora_trains_adapters_only_on_two_processes_and_exports_them_merged(name, tmp_path):
-    run = train(tmp_path / "first", options_for(tmp_path / "first", name))
+def test_lora_trains_adapters_only_on_two_processes_and_exports_them_merged(
+    name, tmp_path, trained_runs
+):
+    run = trained_runs(name)
     pretrained = {k: p.detach() for k, p in best_model(run / "best.ckpt").named_parameters()}
     finetune = {"read_from": str(run / "best.ckpt"), "method": "lora", "config": {"rank": 2}}
     options = options_for(tmp_path / "second", name, architecture__training__finetune=finetune)

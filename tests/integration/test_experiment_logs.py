@@ -91,7 +91,7 @@ def train_csv(run_directory: Path) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_a_stopped_and_resumed_run_logs_every_epoch_to_one_wandb_run(tmp_path):
-    options = options_in(tmp_path, logging__wandb=OFFLINE)
+    options = options_in(tmp_path, logging__wandb=OFFLINE, logging__tensorboard=True)
     run_dir = tmp_path / "run"
     stop_then_resume_with_two(options, run_dir, EPOCHS)
     rows = train_csv(run_dir)
@@ -111,7 +111,7 @@ def test_a_stopped_and_resumed_run_logs_every_epoch_to_one_wandb_run(tmp_path):
 
 @pytest.mark.slow
 def test_only_rank_0_writes_the_logs(tmp_path):
-    options = options_in(tmp_path, architecture__training__num_epochs=2)
+    options = options_in(tmp_path, architecture__training__num_epochs=2, logging__tensorboard=True)
     run_dir = tmp_path / "run"
     result = subprocess.run(
         train_command(options, run_dir, "--nproc", 2),
@@ -126,7 +126,9 @@ def test_only_rank_0_writes_the_logs(tmp_path):
 
 
 def test_metatrains_top_level_wandb_key_is_logging_wandb(tmp_path, capsys):
-    options = options_in(tmp_path, wandb=OFFLINE, architecture__training__num_epochs=1)
+    options = options_in(
+        tmp_path, wandb=OFFLINE, architecture__training__num_epochs=1, logging__tensorboard=True
+    )
     outputs = tmp_path / "outputs"
     assert main(["train", str(options), "--outputs", str(outputs)]) == 0
     (run,) = run_directories(outputs)

@@ -66,6 +66,13 @@ def resume_auto(options, run_dir) -> None:
     assert resumed.returncode == 0, resumed.stderr
 
 
+def foreground_signals() -> None:
+    """SIGINT as a terminal's foreground job has it, whatever the test run's starter
+    left: a suite started in the background (nohup, &) ignores it, and a signal ignored
+    by the starter stays ignored (test_stopping)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_in_own_session(command) -> subprocess.Popen:
     """A launcher (--nproc, torchrun, srun) or a rank in a session of its own, as a
     terminal or a batch job starts it, one thread per process, its output captured."""
@@ -76,6 +83,7 @@ def start_in_own_session(command) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=foreground_signals,
     )
 
 
