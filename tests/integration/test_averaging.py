@@ -4,21 +4,18 @@ on two processes, and its bad values."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
 from atomtrain.cli.main import main
 from atomtrain.training.averaging import WeightAverage
 
-from helpers import environment
 from test_faults import (
     EPOCHS,
     assert_same_model,
     options_in,
+    run_uninterrupted,
     stop_then_resume_with_two,
-    train_command,
 )
 
 
@@ -46,14 +43,7 @@ def averaged_run(directory, **changes):
 
 
 def run_to_the_end(options, run_dir):
-    result = subprocess.run(
-        train_command(options, run_dir),
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    run_uninterrupted(options, run_dir)
     return torch.load(run_dir / "last.ckpt", weights_only=True)
 
 

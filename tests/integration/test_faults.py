@@ -66,6 +66,18 @@ def resume_auto(options, run_dir) -> None:
     assert resumed.returncode == 0, resumed.stderr
 
 
+def run_uninterrupted(options, run_dir) -> None:
+    """A one-process run from start to end."""
+    result = subprocess.run(
+        train_command(options, run_dir),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def foreground_signals() -> None:
     """SIGINT as a terminal's foreground job has it, whatever the test run's starter
     left: a suite started in the background (nohup, &) ignores it, and a signal ignored
@@ -139,14 +151,7 @@ def reference(tmp_path_factory):
     """An uninterrupted single-process run."""
     directory = tmp_path_factory.mktemp("reference")
     run_dir = directory / "run"
-    result = subprocess.run(
-        train_command(options_in(directory), run_dir),
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
+    run_uninterrupted(options_in(directory), run_dir)
     return final_state(run_dir)
 
 
@@ -177,14 +182,7 @@ def test_a_plateau_schedule_resumes_exactly_on_two_processes(tmp_path_factory):
         directory = tmp_path_factory.mktemp(name)
         options, run_dir = options_in(directory, **plateau), directory / "run"
         if name == "uninterrupted":
-            run = subprocess.run(
-                train_command(options, run_dir),
-                env=environment(),
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            assert run.returncode == 0, run.stderr
+            run_uninterrupted(options, run_dir)
         else:
             stop_then_resume_with_two(options, run_dir, EPOCHS)
         runs.append(run_dir)

@@ -3,8 +3,6 @@ of PET's modules, and bad input."""
 
 from __future__ import annotations
 
-import subprocess
-
 import ase.io
 import pytest
 import torch
@@ -16,7 +14,6 @@ from atomtrain.training.checkpoint import best_model
 from conftest import RESOURCES
 from helpers import (
     TINY_PET,
-    environment,
     run_directories,
     run_model,
     structure_from_atoms,
@@ -27,8 +24,8 @@ from test_faults import (
     assert_same_model,
     final_state,
     options_in,
+    run_uninterrupted,
     stop_then_resume_with_two,
-    train_command,
 )
 
 ETHANOL = RESOURCES / "ethanol_40.xyz"
@@ -178,14 +175,7 @@ def test_a_stopped_lora_run_resumes_to_the_uninterrupted_adapters(pretrained, tm
         options = options_in(directory, architecture__training__finetune=finetune)
         run_dir = directory / "run"
         if name == "uninterrupted":
-            result = subprocess.run(
-                train_command(options, run_dir),
-                env=environment(),
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            assert result.returncode == 0, result.stderr[-2000:]
+            run_uninterrupted(options, run_dir)
         else:
             stop_then_resume_with_two(options, run_dir, EPOCHS)
         finals.append(final_state(run_dir))
