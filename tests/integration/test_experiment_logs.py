@@ -125,6 +125,7 @@ def test_only_rank_0_writes_the_logs(tmp_path):
     assert sorted(tensorboard_scalars(run_dir / "tensorboard")["train_loss"]) == [1, 2]
 
 
+@pytest.mark.slow
 def test_metatrains_top_level_wandb_key_is_logging_wandb(tmp_path, capsys):
     options = options_in(
         tmp_path, wandb=OFFLINE, architecture__training__num_epochs=1, logging__tensorboard=True

@@ -133,6 +133,7 @@ def lora_run(tmp_path, pretrained, name, section, processes=1, **config):
     return run
 
 
+@pytest.mark.slow
 def test_lora_trains_adapters_only_and_exports_them_merged(pretrained, tmp_path):
     """SOAP-BPNN: every weight but the adapters bitwise as pretrained; the checkpoint
     keeps the adapters apart (its model is built with them); the exported model, merged,
