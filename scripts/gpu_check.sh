@@ -19,6 +19,9 @@
 # 8. MACE on cuequivariance's kernels (when cuequivariance-torch is installed): the GPU's
 #    predictions equal the CPU's e3nn ones, the example trains on them (the log names
 #    the kernels), and throughput with and without them.
+# 9. PET (when metatrain is installed): the GPU gives the CPU's results, the PET example
+#    trains on the GPU for two epochs, its metatomic export runs there, and its
+#    throughput at batch 8, 64 and 256.
 # Each step prints what it checked; the script stops at the first failure.
 set -euo pipefail
 
@@ -83,5 +86,16 @@ if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("mac
     fi
 else
     echo "gpu_check: mace-torch is not installed; MACE steps skipped"
+fi
+# 9. PET
+if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("metatrain") is None)'; then
+    python "$ROOT/scripts/gpu_matches_cpu.py" "$ROOT/examples/silicon/si_train.xyz" --architecture pet --tolerance "$TOLERANCE"
+    python "$ROOT/scripts/gpu_matches_cpu.py" ethanol_1000.xyz --architecture pet --tolerance "$TOLERANCE"
+    sed 's|read_from: ../ethanol/ethanol_1000.xyz|read_from: ethanol_1000.xyz|' "$ROOT/examples/pet/options.yaml" > pet.yaml
+    time atomtrain train pet.yaml -o pet.pt "${OVERRIDES[@]}" -r architecture.training.batch_size=32
+    python "$ROOT/scripts/gpu_metatomic_matches_cpu.py" pet.pt ethanol_1000.xyz
+    python "$ROOT/benchmarks/gpu_throughput.py" ethanol_1000.xyz --architecture pet --batch-sizes 8 64 256 --steps 10
+else
+    echo "gpu_check: metatrain is not installed (pip install atomtrain[pet]); PET steps skipped"
 fi
 echo "gpu_check: all steps passed"
