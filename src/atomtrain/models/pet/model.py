@@ -66,10 +66,10 @@ class PetModel(EnergyModel):
         element_index: torch.Tensor,
         mirrored: bool,
     ) -> torch.Tensor:
-        features, energies = self.run_pet(
-            edge_vectors, pair_first, pair_second, element_index, mirrored, False
+        inputs, nodes, edges = self.run_pet(
+            edge_vectors, pair_first, pair_second, element_index, mirrored
         )
-        return energies
+        return self.energies_of(inputs, nodes, edges, element_index)
 
     def features_and_energies(
         self,
@@ -82,12 +82,18 @@ class PetModel(EnergyModel):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Each atom's node features and the cutoff-weighted sum of its edges' features
         (metatrain's "features" output), and its energy, from one pass of PET."""
-        features, energies = self.run_pet(
-            edge_vectors, pair_first, pair_second, element_index, mirrored, True
+        inputs, nodes, edges = self.run_pet(
+            edge_vectors, pair_first, pair_second, element_index, mirrored
         )
+        weights = inputs["cutoff_factors"].unsqueeze(-1)
+        parts: list[torch.Tensor] = []
+        for node, edge in zip(nodes, edges):
+            parts.append(node)
+            parts.append((edge * weights).sum(dim=1))
+        features = torch.cat(parts, dim=1)
         if not with_energies:
             return features, None
-        return features, energies
+        return features, self.energies_of(inputs, nodes, edges, element_index)
 
     def run_pet(
         self,
@@ -96,11 +102,9 @@ class PetModel(EnergyModel):
         pair_second: torch.Tensor,
         element_index: torch.Tensor,
         mirrored: bool,
-        with_features: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(features [n_atoms, feature width] or an empty tensor, energies [n_atoms])."""
-        dtype = self.pet.edge_embedder.weight.dtype
-        vectors = edge_vectors.to(dtype)
+    ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """PET's inputs, and its node and edge features of each readout layer."""
+        vectors = edge_vectors.to(self.pet.edge_embedder.weight.dtype)
         n_atoms = element_index.shape[0]
         if n_atoms == 0 or pair_first.shape[0] == 0:
             # no pair at all (a rank's empty share, isolated atoms): PET's NEF grid would
@@ -114,17 +118,20 @@ class PetModel(EnergyModel):
             )
         inputs = self.network_inputs(vectors, pair_first, pair_second, element_index)
         nodes, edges = self.pet.calculate_features(inputs)
-        empty = torch.zeros((0, 3, 3), dtype=dtype, device=vectors.device)
-        atomic, _, _ = self.pet.predict(nodes, edges, inputs, empty, element_index, ["energy"])
-        energies = atomic["energy"][0].reshape(-1)
-        if not with_features:
-            return energies.new_zeros(0), energies
-        weights = inputs["cutoff_factors"].unsqueeze(-1)
-        parts: list[torch.Tensor] = []
-        for node, edge in zip(nodes, edges):
-            parts.append(node)
-            parts.append((edge * weights).sum(dim=1))
-        return torch.cat(parts, dim=1), energies
+        return inputs, nodes, edges
+
+    def energies_of(
+        self,
+        inputs: dict[str, torch.Tensor],
+        nodes: list[torch.Tensor],
+        edges: list[torch.Tensor],
+        element_index: torch.Tensor,
+    ) -> torch.Tensor:
+        """PET's unscaled energy of each atom from its features [n_atoms]."""
+        # the cells only normalise metatrain's non-conservative stress: none here
+        cells = torch.zeros((0, 3, 3), dtype=nodes[0].dtype, device=nodes[0].device)
+        atomic, _, _ = self.pet.predict(nodes, edges, inputs, cells, element_index, ["energy"])
+        return atomic["energy"][0].reshape(-1)
 
     def network_inputs(
         self,
