@@ -14,8 +14,8 @@ uses mace-torch's own, which also adapts e3nn's equivariant linear maps.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from fnmatch import fnmatch
-from typing import Any
 
 import torch
 
@@ -76,8 +76,19 @@ def is_adapter(name: str) -> bool:
     return any(part in name for part in ADAPTER_PARAMETERS)
 
 
-def record(rank: int, alpha: float, targets: tuple[str, ...]) -> dict[str, Any]:
-    return {"rank": rank, "alpha": alpha, "targets": list(targets)}
+def attach(
+    model: torch.nn.Module,
+    inject: Callable[[torch.nn.Module, int, float, tuple[str, ...]], int],
+    rank: int,
+    alpha: float,
+    targets: tuple[str, ...],
+) -> int:
+    """Adapters on ``model`` by the architecture's ``inject``, named in its
+    hyperparameter record so that it is built again with them; how many."""
+    count = inject(model, rank, alpha, targets)
+    record = {"rank": rank, "alpha": alpha, "targets": list(targets)}
+    model.hypers = {**model.hypers, "adapters": record}
+    return count
 
 
 def merged(model: torch.nn.Module) -> torch.nn.Module:

@@ -141,6 +141,6 @@ class Architecture:
             model.attach_targets(specs, energies, targets.get("relative"))
         lora = hypers.get("adapters")
         if lora is not None:
-            self.inject_adapters(model, lora["rank"], lora["alpha"], tuple(lora["targets"]))
-            model.hypers = {**model.hypers, "adapters": lora}
+            targets = tuple(lora["targets"])
+            adapters.attach(model, self.inject_adapters, lora["rank"], lora["alpha"], targets)
         return model

@@ -13,6 +13,7 @@ targets and energy variants) always train.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from fnmatch import fnmatch
 
 from ..errors import OptionsError
@@ -72,12 +73,9 @@ def freeze_for_method(model: EnergyModel, architecture: Architecture, options: O
                 f"model; its modules: {', '.join(modules_of(names))}"
             )
     patterns = [s for pattern in patterns for s in spellings(pattern, architecture)]
-    patterns += list(OWN_HEADS)
-    trained = 0
-    for name, parameter in model.named_parameters():
-        parameter.requires_grad_(any(matches(name, pattern) for pattern in patterns))
-        trained += parameter.numel() if parameter.requires_grad else 0
-    total = sum(parameter.numel() for parameter in model.parameters())
+    trained, total = train_only(
+        model, lambda name: any(matches(name, pattern) for pattern in patterns)
+    )
     chosen = ", ".join(given) if given else "the architecture's heads"
     logger.info(
         f"fine-tuning method heads: {trained} of {total} parameters train ({chosen}); the "
@@ -92,27 +90,29 @@ def train_adapters(model: EnergyModel, architecture: Architecture, options: Opti
     if "adapters" not in model.hypers:
         targets = tuple(config.target_modules or architecture.lora_targets)
         dtype = next(model.parameters()).dtype
-        count = architecture.inject_adapters(model, config.rank, config.alpha, targets)
-        if count == 0:
+        inject = architecture.inject_adapters
+        if adapters.attach(model, inject, config.rank, config.alpha, targets) == 0:
             raise OptionsError(
                 "architecture.training.finetune.config.target_modules: "
                 f"{', '.join(targets)} names no linear map of this "
                 f"{architecture.display_name} model; lora adapts linear maps"
             )
         model.set_precision(dtype)
-        model.hypers = {
-            **model.hypers,
-            "adapters": adapters.record(config.rank, config.alpha, targets),
-        }
-    trained = 0
-    for name, parameter in model.named_parameters():
-        own_head = any(matches(name, pattern) for pattern in OWN_HEADS)
-        parameter.requires_grad_(adapters.is_adapter(name) or own_head)
-        trained += parameter.numel() if parameter.requires_grad else 0
-    total = sum(parameter.numel() for parameter in model.parameters())
+    trained, total = train_only(model, adapters.is_adapter)
     lora = model.hypers["adapters"]
     logger.info(
         f"fine-tuning method lora: adapters of rank {lora['rank']} (alpha {lora['alpha']:g}) "
         f"on {', '.join(lora['targets'])}: {trained} of {total} parameters train; the "
         "exported model has them merged"
     )
+
+
+def train_only(model: EnergyModel, trains: Callable[[str], bool]) -> tuple[int, int]:
+    """Only the parameters whose names ``trains`` picks, and atomtrain's own heads,
+    train; (how many numbers train, how many the model has)."""
+    trained = 0
+    for name, parameter in model.named_parameters():
+        own_head = any(matches(name, pattern) for pattern in OWN_HEADS)
+        parameter.requires_grad_(trains(name) or own_head)
+        trained += parameter.numel() if parameter.requires_grad else 0
+    return trained, sum(parameter.numel() for parameter in model.parameters())
