@@ -289,6 +289,17 @@ CHECKPOINT_INSTEAD = (
 )
 
 
+def pickle_header(path: str | Path) -> bytes | None:
+    """The start of the pickle of a torch archive (empty when it holds none); None for
+    a file that is not a zip archive."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [name for name in archive.namelist() if name.endswith("data.pkl")]
+            return archive.read(pickles[0])[:100_000] if pickles else b""
+    except (zipfile.BadZipFile, OSError, KeyError):
+        return None
+
+
 def foreign_file(path: Path) -> str | None:
     """What a model or checkpoint file written by another program is, with what to do
     about it; None for anything else (atomtrain's own files included).
@@ -296,12 +307,8 @@ def foreign_file(path: Path) -> str | None:
     Both torch.save and TorchScript write zip archives; metatrain's checkpoints name
     their architecture and version in the pickle, and metatomic models written by
     others lack atomtrain's hyperparameters in their metadata."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            pickles = [name for name in names if name.endswith("data.pkl")]
-            header = archive.read(pickles[0])[:100_000] if pickles else b""
-    except (zipfile.BadZipFile, OSError, KeyError):
+    header = pickle_header(path)
+    if header is None:
         return None
     metadata = metatomic_metadata(path)
     if metadata is not None and EXTRA_KEYS[HYPERS_FILE] not in metadata.get("extra", {}):

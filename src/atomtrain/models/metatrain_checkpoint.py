@@ -16,7 +16,6 @@ dictionary.
 
 from __future__ import annotations
 
-import zipfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import torch
 from ..errors import AtomtrainError
 from . import registry
 from .energy_model import EnergyModel
-from .export import first_line
+from .export import first_line, pickle_header
 
 
 class DatasetInfo:
@@ -48,13 +47,8 @@ ALLOWED = [
 def is_metatrain_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` is a torch.save archive whose pickle names metatrain's version
     key (a path with "metatrain" in it is no sign)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            pickles = [name for name in archive.namelist() if name.endswith("data.pkl")]
-            header = archive.read(pickles[0])[:100_000] if pickles else b""
-    except (zipfile.BadZipFile, OSError, KeyError):
-        return False
-    return b"model_ckpt_version" in header
+    header = pickle_header(path)
+    return header is not None and b"model_ckpt_version" in header
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -197,7 +197,7 @@ def is_checkpoint(path: str | Path) -> bool:
 def best_model(path: str | Path) -> EnergyModel:
     """The best model of the checkpoint at ``path``: atomtrain's, or metatrain's of an
     architecture that reads them."""
-    if Path(path).is_file() and metatrain_checkpoint.is_metatrain_checkpoint(path):
+    if metatrain_checkpoint.is_metatrain_checkpoint(path):
         return metatrain_checkpoint.read(path)
     return model_from_checkpoint(load_checkpoint(path), best=True)
 

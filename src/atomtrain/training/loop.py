@@ -157,14 +157,11 @@ class Trainer:
             specs=tuple(self.model.target_specs()),
         )
         self.targets = tuple(self.model.target_names)
+        record = {**expanded(options), "seed": seed}
         if context.is_main and state is None:
-            record = expanded(options)
-            record["seed"] = seed
             write_run_record(run.directory, record, self.datasets.split)
         self.experiment_logs = (
-            ExperimentLogs(options.logging, run.directory, {**expanded(options), "seed": seed})
-            if context.is_main
-            else None
+            ExperimentLogs(options.logging, run.directory, record) if context.is_main else None
         )
         architecture = prepared.architecture
         architecture.check_device(context.device)
