@@ -74,17 +74,12 @@ def read(path: str | Path) -> EnergyModel:
     and export take it), as an atomtrain model."""
     loaded = load(path)
     name = registry.canonical_name(str(loaded["architecture_name"]))
-    readers = {
-        known: registry.architecture(known)
-        for known in registry.known()
-        if registry.architecture(known).read_metatrain is not None
-    }
-    if name not in readers:
+    readers = [known for known in registry.known() if registry.architecture(known).read_metatrain]
+    reader = registry.architecture(name).read_metatrain if name in readers else None
+    if reader is None:
         raise AtomtrainError(
             f"{path}: a metatrain checkpoint of architecture '{name}'; atomtrain reads "
             f"metatrain's {', '.join(readers)} checkpoints only: train anew with atomtrain on "
             "the same options file (metatrain's format runs unchanged)"
         )
-    reader = readers[name].read_metatrain
-    assert reader is not None
     return reader(loaded, str(path))
