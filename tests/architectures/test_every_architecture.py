@@ -13,8 +13,8 @@ SMALL_SECTIONS when its defaults are slow.
 - a trained run's checkpoint gives the model its export gives, and that export runs
   in a process that never imports atomtrain (slow);
 - fine-tuning starts from the trained model (slow); its heads and lora methods train
-  the heads or the adapters only, every other parameter bitwise as it was, on two
-  processes, and lora's export (adapters merged) is the adapted model (slow);
+  the heads or the adapters only, every other parameter bitwise as it was (heads on two
+  processes), and lora's export (adapters merged) is the adapted model (slow);
 - ``--nproc 2`` trains the one-process model (slow).
 """
 
@@ -321,14 +321,15 @@ def under_adapter(name: str, state: dict) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_lora_trains_adapters_only_on_two_processes_and_exports_them_merged(
-    name, tmp_path, trained_runs
-):
+def test_lora_trains_adapters_only_and_exports_them_merged(name, tmp_path, trained_runs):
+    """On one process: two processes train lora's one-process model (a stopped lora run
+    resumed on two, tests/integration/test_finetune_heads.py), and heads fine-tuning's
+    frozen parameters are checked on two here."""
     run = trained_runs(name)
     pretrained = {k: p.detach() for k, p in best_model(run / "best.ckpt").named_parameters()}
     finetune = {"read_from": str(run / "best.ckpt"), "method": "lora", "config": {"rank": 2}}
     options = options_for(tmp_path / "second", name, architecture__training__finetune=finetune)
-    tuned_run = train(tmp_path / "second", options, "--nproc", 2)
+    tuned_run = train(tmp_path / "second", options)
     tuned = best_model(tuned_run / "best.ckpt")
     state = tuned.state_dict()
     assert any("lora" in key and state[key].abs().max() > 0 for key in state)
