@@ -214,10 +214,11 @@ class EnergyModel(torch.nn.Module):
         pair_first: torch.Tensor,
         pair_second: torch.Tensor,
         cell_shifts: torch.Tensor,
+        mirrored_pairs: int = -1,
     ) -> torch.Tensor:
         """Total energy of each structure, [n_structures]."""
         edge_vectors, half = self.edge_geometry(
-            positions, cell, system_index, pair_first, pair_second, cell_shifts
+            positions, cell, system_index, pair_first, pair_second, cell_shifts, mirrored_pairs
         )
         atomic = self.atomic_energies(
             edge_vectors, pair_first, pair_second, atomic_numbers, half > 0
@@ -233,12 +234,16 @@ class EnergyModel(torch.nn.Module):
         pair_first: torch.Tensor,
         pair_second: torch.Tensor,
         cell_shifts: torch.Tensor,
+        mirrored_pairs: int = -1,
     ) -> tuple[torch.Tensor, int]:
         """(the pairs' vectors, how many pairs the first half holds when the second is
         the first reversed, else 0). Pairs laid out [pairs; the same reversed] (as
         collated) need the geometry of the first half only: the reversed vectors are
-        exactly the negated ones."""
-        half = mirrored_half(pair_first, pair_second, cell_shifts)
+        exactly the negated ones. ``mirrored_pairs``: that count when the caller knows it
+        (a traced step, whose graph cannot look at the pairs), -1 to find it."""
+        half = mirrored_pairs
+        if half < 0:
+            half = mirrored_half(pair_first, pair_second, cell_shifts)
         computed = half if half > 0 else pair_first.shape[0]
         first = pair_first[:computed]
         pair_cell = cell.index_select(0, system_index.index_select(0, first))
@@ -326,11 +331,12 @@ class EnergyModel(torch.nn.Module):
         compute_stress: bool = False,
         create_graph: bool = False,
         energy_variant: torch.Tensor | None = None,
+        mirrored_pairs: int = -1,
     ) -> dict[str, torch.Tensor]:
         """Energy [n_structures], and on request forces [n_atoms, 3] and stress
         [n_structures, 3, 3] (zero for non-periodic structures); each mtt:: target by
         name. ``energy_variant``: which of energy_names each structure's energy is (the
-        first when None)."""
+        first when None). ``mirrored_pairs``: see edge_geometry."""
         inputs: list[torch.Tensor] = []
         if compute_forces:
             positions = positions.detach().requires_grad_(True)
@@ -357,6 +363,7 @@ class EnergyModel(torch.nn.Module):
                 pair_first,
                 pair_second,
                 cell_shifts,
+                mirrored_pairs,
             )
         else:
             edge_vectors, half = self.edge_geometry(
@@ -366,6 +373,7 @@ class EnergyModel(torch.nn.Module):
                 pair_first,
                 pair_second,
                 cell_shifts,
+                mirrored_pairs,
             )
             atomic = self.atomic_predictions(
                 edge_vectors, pair_first, pair_second, atomic_numbers, half > 0

@@ -27,6 +27,7 @@ import math
 import torch
 
 from ..targets import TargetSpec
+from .data_sizes import one_hot
 
 RADIAL_FUNCTIONS = 4
 HIDDEN_WIDTH = 32
@@ -54,8 +55,9 @@ class NeighborBasis(torch.nn.Module):
         envelope = envelope * (distances < self.cutoff).to(distances.dtype)
         functions = torch.sin(distances.unsqueeze(1) * frequencies) / distances.unsqueeze(1)
         functions = functions * envelope.unsqueeze(1)
-        one_hot = torch.nn.functional.one_hot(neighbor_element, self.n_types)
-        product = one_hot.to(distances.dtype).unsqueeze(2) * functions.unsqueeze(1)
+        product = one_hot(neighbor_element, self.n_types, distances.dtype).unsqueeze(
+            2
+        ) * functions.unsqueeze(1)
         return product.reshape(distances.shape[0], self.channels)
 
     def forward(

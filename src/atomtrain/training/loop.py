@@ -28,9 +28,10 @@ from .averaging import WeightAverage
 from .baseline import refit_baseline
 from .batches import StepBatches, batch_workers
 from .checkpoint import TrainingState, replace_best_model, save_checkpoint
+from .compiled import step_predictions
 from .curves import CurvesInBackground
 from .datasets import Datasets
-from .evaluation import metric_sums, predict
+from .evaluation import metric_sums
 from .experiment_logs import ExperimentLogs
 from .losses import batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
@@ -168,6 +169,9 @@ class Trainer:
         self.model.to(context.device)
         self.model.use_kernels_for(context.device)
         context.broadcast_parameters(self.model)
+        self.step_predictions = step_predictions(
+            self.model, self.forces, self.stress, self.training_options.compile
+        )
         trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         self.parameters = [parameter for _, parameter in trained]
         first = "torch._dynamo" not in sys.modules  # torch.optim imports it (1 s here)
@@ -244,7 +248,7 @@ class Trainer:
         with contextlib.closing(self.step_batches.steps(batches, start_step, epoch)) as steps:
             for step, counts, batch in steps:
                 batch = batch.to(context.device, self.dtype)
-                predictions = predict(self.model, batch, self.forces, self.stress, True)
+                predictions = self.step_predictions(batch)
                 loss = batch_loss(predictions, batch, self.loss_options, counts)
                 self.optimizer.zero_grad(set_to_none=True)
                 # Each rank's loss is its share of the global-batch loss, so the sum of the

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ...errors import AtomtrainError
+from ..data_sizes import one_hot
 from ..energy_model import EnergyModel
 from ..export import first_line
 from . import ARCHITECTURE_NAME, cuequivariance
@@ -245,7 +246,7 @@ class MaceModel(EnergyModel):
         device = vectors.device
         data = {
             "positions": torch.zeros((n_atoms, 3), dtype=dtype, device=device),
-            "node_attrs": torch.nn.functional.one_hot(element_index, self.n_types).to(dtype),
+            "node_attrs": one_hot(element_index, self.n_types, dtype),
             "edge_index": torch.stack([pair_first, pair_second]),
             "shifts": vectors,
             "unit_shifts": torch.zeros_like(vectors),

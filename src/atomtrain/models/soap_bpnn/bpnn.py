@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..data_sizes import data_list, occurrences
+
 
 def element_network(n_inputs: int, n_hidden_layers: int, n_neurons: int) -> torch.nn.Sequential:
     layers: list[torch.nn.Module] = []
@@ -53,7 +55,7 @@ class ElementNetworks(torch.nn.Module):
         if len(self.networks) == 1:  # one element: no sorting by element
             return self.networks[0](features).reshape(-1)
         # Atoms sorted by element make each element's rows one contiguous slice.
-        counts: list[int] = torch.bincount(element_index, minlength=len(self.networks)).tolist()
+        counts = data_list(occurrences(element_index, len(self.networks)))
         order = torch.argsort(element_index, stable=True)
         rows = torch.split(features.index_select(0, order), counts)
         energies: list[torch.Tensor] = []

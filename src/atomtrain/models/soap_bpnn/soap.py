@@ -14,6 +14,7 @@ import scipy.optimize
 import scipy.special
 import torch
 
+from ..data_sizes import data_int, occurrences
 from .harmonics_library import import_sphericart_torch
 
 sphericart_torch = import_sphericart_torch()
@@ -139,8 +140,8 @@ def neighbor_sums(
     training) are matrix products too, instead of a [pairs, n, lm] outer product held in
     memory and scattered.
     """
-    counts = torch.bincount(target, minlength=n_targets)
-    width = int(counts.max()) if target.numel() > 0 else 1
+    counts = occurrences(target, n_targets)
+    width = data_int(counts.max()) if target.numel() > 0 else 1
     # each pair's slot among the pairs of its target, in their order
     order = torch.argsort(target, stable=True)
     first_of_target = torch.cumsum(counts, 0) - counts

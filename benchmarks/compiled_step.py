@@ -1,0 +1,110 @@
+"""The compiled training step against the eager one, side by side (CPU).
+
+    python benchmarks/compiled_step.py [--cases soap_ethanol,soap_silicon,mace_ethanol,pet_ethanol]
+        [--batch 8] [--steps 20] [--rounds 5] [--threads 2]
+
+Each case builds its architecture as its example options file sets it (examples/...),
+in float32, and times whole training steps (predictions with forces and, on silicon,
+stress; the loss; its backward; a fused Adam step) on consecutive batches of the data
+set, cycling through it. Eager and compiled steps alternate, ``--steps`` of each per
+round, so that a change of the machine's load falls on both; the median step of each
+is printed with their ratio, and the seconds the first compilation took (run it twice
+to see the cache warm: TORCHINDUCTOR_CACHE_DIR, else ~/.cache/atomtrain/torchinductor).
+A benchmark: it measures and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from atomtrain.data import FrameSet, collate, read_structures
+from atomtrain.models.registry import new_model
+from atomtrain.options import LossOptions
+from atomtrain.runtime import keep_freed_memory
+from atomtrain.training.batches import global_counts
+from atomtrain.training.compiled import CompiledPredictions
+from atomtrain.training.evaluation import predict
+from atomtrain.training.losses import batch_loss
+
+ROOT = Path(__file__).resolve().parent.parent
+ETHANOL = ROOT / "examples/ethanol/ethanol_1000.xyz"
+SILICON = ROOT / "examples/silicon/si_train.xyz"
+CASES = {
+    "soap_ethanol": ("soap_bpnn", ROOT / "examples/ethanol/options.yaml", ETHANOL),
+    "soap_silicon": ("soap_bpnn", ROOT / "examples/silicon/options.yaml", SILICON),
+    "mace_ethanol": ("mace", ROOT / "examples/mace/options.yaml", ETHANOL),
+    "pet_ethanol": ("pet", ROOT / "examples/pet/options.yaml", ETHANOL),
+}
+
+
+def model_for(name: str, options_file: Path, types: list[int]):
+    section = yaml.safe_load(options_file.read_text())["architecture"].get("model", {})
+    return new_model(name, types, 8.0, **section).set_precision(torch.float32)
+
+
+def run_case(case: str, batch_size: int, steps: int, rounds: int) -> None:
+    name, options_file, data = CASES[case]
+    structures = read_structures(data)[: batch_size * steps]
+    types = sorted({int(z) for structure in structures for z in structure.atomic_numbers})
+    model = model_for(name, options_file, types).train()
+    stress = all(structure.stress is not None for structure in structures)
+    batches = []
+    for first in range(0, len(structures) - batch_size + 1, batch_size):
+        chosen = structures[first : first + batch_size]
+        counts = global_counts(FrameSet.from_structures(chosen), list(range(len(chosen))))
+        batches.append((collate(chosen, model.cutoff).to("cpu", torch.float32), counts))
+    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.Adam(parameters, lr=1e-5, fused=True)
+    compiled = CompiledPredictions(model, True, stress, required=True)
+    eager = lambda batch: predict(model, batch, True, stress, True)  # noqa: E731
+
+    def step(predictions, batch, counts):
+        loss = batch_loss(predictions(batch), batch, LossOptions(), counts)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward(inputs=parameters)
+        optimizer.step()
+
+    started = time.perf_counter()
+    step(compiled, *batches[0])  # compiles, and runs the first backward
+    first_step = time.perf_counter() - started
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    for _ in range(rounds):
+        for label, predictions in (("eager", eager), ("compiled", compiled)):
+            for batch, counts in batches:
+                start = time.perf_counter()
+                step(predictions, batch, counts)
+                times[label].append(time.perf_counter() - start)
+    eager_ms = 1000 * statistics.median(times["eager"])
+    compiled_ms = 1000 * statistics.median(times["compiled"])
+    print(
+        f"{case}: batch {batch_size}, float32; eager {eager_ms:.2f} ms, compiled "
+        f"{compiled_ms:.2f} ms per step (median of {len(times['eager'])}), compiled / "
+        f"eager {compiled_ms / eager_ms:.3f}; {compiled.compilations} batch shapes "
+        f"compiled in {compiled.seconds:.1f} s (first step with its backward "
+        f"{first_step:.1f} s)",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    arguments = parser.parse_args()
+    torch.set_num_threads(arguments.threads)
+    keep_freed_memory()  # as every atomtrain command does
+    for case in arguments.cases.split(","):
+        run_case(case, arguments.batch, arguments.steps, arguments.rounds)
+
+
+if __name__ == "__main__":
+    main()
