@@ -10,6 +10,8 @@ SMALL_SECTIONS when its defaults are slow.
 - energies invariant under translation and a permutation of the atoms;
 - forces and stress equal finite differences of the energy;
 - a float32 model gives the float64 model's energies to float32 precision;
+- the compiled training step (training/compiled.py) gives the eager step's energies,
+  forces, stress and parameter gradients to 1e-10 (MACE and PET: slow);
 - a trained run's checkpoint gives the model its export gives, and that export runs
   in a process that never imports atomtrain (slow);
 - fine-tuning starts from the trained model (slow); its heads and lora methods train
@@ -34,9 +36,12 @@ import torch
 from scipy.spatial.transform import Rotation
 
 from atomtrain.cli.main import main
+from atomtrain.data import collate
 from atomtrain.models import registry
 from atomtrain.models.export import load_exported
 from atomtrain.training.checkpoint import best_model, load_checkpoint
+from atomtrain.training.compiled import CompiledPredictions
+from atomtrain.training.evaluation import predict
 
 from conftest import RESOURCES
 from helpers import (
@@ -169,6 +174,46 @@ def test_forces_and_stress_equal_finite_differences(name, make):
                 shifted.append(energy(moved))
             derivative = (shifted[0] - shifted[1]) / (2 * step) / volume
             assert predicted["stress"][0, i, j] == pytest.approx(derivative, abs=1e-7)
+
+
+def compiled_cases():
+    """SOAP-BPNN compiles in seconds; MACE and PET take a minute or more (slow)."""
+    return [
+        pytest.param(name, marks=[] if name == "soap_bpnn" else [pytest.mark.slow])
+        for name in ARCHITECTURES
+    ]
+
+
+@pytest.mark.parametrize("name", compiled_cases())
+def test_the_compiled_step_gives_the_eager_predictions_and_gradients(name):
+    """float64, one batch of a molecule and a strained crystal (stress), and a batch of
+    another shape, which gets a graph of its own."""
+    atoms = [molecule(), crystal()]
+    model = new_model(name, sorted({int(z) for each in atoms for z in each.numbers}))
+    compiled = CompiledPredictions(model, True, True, required=True)
+    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    for structures in (atoms, atoms[1:]):
+        batch = collate([structure_from_atoms(each) for each in structures], model.cutoff)
+        batch = batch.to("cpu", torch.float64)
+        found = {}
+        for label, predictions in (
+            ("eager", predict(model, batch, True, True, True)),
+            ("compiled", compiled(batch)),
+        ):
+            loss = sum(
+                (0.3 + index) * (values**2).sum()
+                for index, values in enumerate(
+                    predictions[key] for key in ("energy", "forces", "stress")
+                )
+            )
+            gradients = torch.autograd.grad(loss, parameters)
+            found[label] = [predictions[key].detach() for key in ("energy", "forces", "stress")]
+            found[label] += list(gradients)
+        for eager, traced in zip(found["eager"], found["compiled"]):
+            scale = float(eager.abs().max())
+            assert scale > 0 or float(traced.abs().max()) == 0
+            assert float((traced - eager).abs().max()) <= 1e-10 * max(scale, 1e-300)
+    assert compiled.compilations == 2
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

@@ -115,6 +115,10 @@ class Architecture:
     learns_other_targets: bool = False
     """Its models give per-atom features (``atomic_features``), on which heads for mtt::
     targets sit."""
+    compile_pays_after: int | None = None
+    """``compile: auto`` compiles the training step of runs of at least this many
+    steps on CPU: where the time a compiled step saves (benchmarks/compiled_step.py,
+    docs/performance.md) repays a cold compilation. None: no gain measured, never."""
     augments_rotations: bool = False
     """Its models are not rotationally invariant by construction (PET): the trainer
     gives each training structure a random rotation or improper rotation every epoch, as

@@ -28,6 +28,7 @@ import torch
 
 from ..data.batch import Batch
 from ..errors import AtomtrainError
+from ..models.architecture import Architecture
 from ..models.data_sizes import RecordedSizes
 from ..models.energy_model import EnergyModel, mirrored_half
 from .evaluation import model_inputs, predict
@@ -230,10 +231,38 @@ class CompiledPredictions:
         return step
 
 
+def compile_decision(
+    option: bool | str, architecture: Architecture, device: torch.device, steps: int
+) -> tuple[bool, str]:
+    """(compile the training step, why) for ``compile: option`` on a run of ``steps``
+    training steps."""
+    if option is not True and option is not False:  # auto
+        after = architecture.compile_pays_after
+        if device.type != "cpu":
+            return False, f"compile: auto; not yet measured on {device.type}"
+        if after is None:
+            return False, f"compile: auto; no gain measured for {architecture.display_name}"
+        if steps < after:
+            return False, (
+                f"compile: auto; a run of {steps} steps is shorter than the {after} that "
+                f"repay compiling {architecture.display_name}"
+            )
+        return True, f"compile: auto; a run of {steps} steps repays it"
+    return bool(option), f"compile: {str(option).lower()}"
+
+
 def step_predictions(
-    model: EnergyModel, forces: bool, stress: bool, compile_option: bool | str
+    model: EnergyModel,
+    forces: bool,
+    stress: bool,
+    option: bool | str,
+    architecture: Architecture,
+    device: torch.device,
+    steps: int,
 ) -> Callable[[Batch], dict[str, torch.Tensor]]:
-    """The training step's predictions: compiled, or eager."""
-    if compile_option is False:
+    """The training step's predictions: compiled, or eager (the log says which)."""
+    compiled, why = compile_decision(option, architecture, device, steps)
+    logger.debug(f"the training step is {'compiled' if compiled else 'eager'} ({why})")
+    if not compiled:
         return lambda batch: predict(model, batch, forces, stress, True)
-    return CompiledPredictions(model, forces, stress, required=compile_option is True)
+    return CompiledPredictions(model, forces, stress, required=option is True)

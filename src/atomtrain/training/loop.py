@@ -169,8 +169,17 @@ class Trainer:
         self.model.to(context.device)
         self.model.use_kernels_for(context.device)
         context.broadcast_parameters(self.model)
+        remaining = self.training_options.num_epochs * self.plan.steps_per_epoch
+        if state is not None:
+            remaining -= state.epoch * self.plan.steps_per_epoch + state.step
         self.step_predictions = step_predictions(
-            self.model, self.forces, self.stress, self.training_options.compile
+            self.model,
+            self.forces,
+            self.stress,
+            self.training_options.compile,
+            architecture,
+            context.device,
+            remaining,
         )
         trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         self.parameters = [parameter for _, parameter in trained]
