@@ -2,43 +2,56 @@
 atom has, how many atoms of each element a batch holds. Eagerly and in TorchScript
 they are plain numbers. While training/compiled.py traces a step with make_fx they are
 read from the real tensors behind the tracer and enter the graph as constants; that
-graph is then used only for batches with the same sizes (compiled.BatchShape).
+graph is then used only for batches of the same sizes (compiled.BatchShape).
 
-Models read every such size through these two functions, which the tracer records, so
-that it can refuse a graph holding a size it does not know how to key.
+Models read every such size through these functions, which the tracer records, so that
+it can refuse a graph holding a size it does not know how to key.
 """
 
 from __future__ import annotations
 
 import torch
 
-# the values read while a step is traced, in order; None when nothing is traced
+# while a step is traced: the values read so far, in order
 _recorded: list[list[list[int]]] = []
 
 
-def data_int(value: torch.Tensor) -> int:
-    """``int(value)`` of a one-element tensor computed from the data."""
+def bucket(count: int) -> int:
+    """``count`` rounded up to one of eight sizes per octave (at most 12.5 % more)."""
+    if count <= 8:
+        return count
+    step = 1 << (count.bit_length() - 4)
+    return -(-count // step) * step
+
+
+def data_width(value: torch.Tensor) -> int:
+    """``int(value)`` of a one-element tensor computed from the data, used as a width
+    for which any larger one would do (the most pairs of an atom, as the width of a
+    padded layout): a traced graph holds it rounded up (``bucket``), and so serves every
+    batch whose own value is no larger."""
     if torch.jit.is_scripting():
         return int(value)
-    return _read(value)[0]
+    return _read(value, True)[0]
 
 
 def data_list(value: torch.Tensor) -> list[int]:
-    """``value.tolist()`` of a 1-d integer tensor computed from the data."""
+    """``value.tolist()`` of a 1-d integer tensor computed from the data, exactly."""
     if torch.jit.is_scripting():
         numbers: list[int] = value.tolist()
         return numbers
-    return _read(value)
+    return _read(value, False)
 
 
 @torch.jit.unused
-def _read(value: torch.Tensor) -> list[int]:
+def _read(value: torch.Tensor, width: bool) -> list[int]:
     if not _recorded:
         return [int(number) for number in value.reshape(-1).tolist()]
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
     with disable_proxy_modes_tracing():
         numbers = [int(number) for number in value.reshape(-1).tolist()]
+    if width:
+        numbers = [bucket(number) for number in numbers]
     _recorded[-1].append(numbers)
     return numbers
 

@@ -14,7 +14,7 @@ import scipy.optimize
 import scipy.special
 import torch
 
-from ..data_sizes import data_int, occurrences
+from ..data_sizes import data_width, occurrences
 from .harmonics_library import import_sphericart_torch
 
 sphericart_torch = import_sphericart_torch()
@@ -141,7 +141,7 @@ def neighbor_sums(
     memory and scattered.
     """
     counts = occurrences(target, n_targets)
-    width = data_int(counts.max()) if target.numel() > 0 else 1
+    width = data_width(counts.max()) if target.numel() > 0 else 1
     # each pair's slot among the pairs of its target, in their order
     order = torch.argsort(target, stable=True)
     first_of_target = torch.cumsum(counts, 0) - counts
