@@ -4,7 +4,9 @@ name in :mod:`atomtrain.models.registry`."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +117,9 @@ class Architecture:
     learns_other_targets: bool = False
     """Its models give per-atom features (``atomic_features``), on which heads for mtt::
     targets sit."""
+    python_modules: Callable[[], AbstractContextManager] = contextlib.nullcontext
+    """Models built inside are plain Python modules, none TorchScript, for make_fx to
+    trace the compiled training step through (training/compiled.py)."""
     compile_pays_after: int | None = None
     """``compile: auto`` compiles the training step of runs of at least this many
     steps on CPU: where the time a compiled step saves (benchmarks/compiled_step.py,

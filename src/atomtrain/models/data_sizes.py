@@ -1,19 +1,18 @@
 """Sizes a model reads from its data, not from its inputs' shapes: the most pairs one
 atom has, how many atoms of each element a batch holds. Eagerly and in TorchScript
-they are plain numbers. While training/compiled.py traces a step with make_fx they are
-read from the real tensors behind the tracer and enter the graph as constants; that
-graph is then used only for batches of the same sizes (compiled.BatchShape).
-
-Models read every such size through these functions, which the tracer records, so that
-it can refuse a graph holding a size it does not know how to key.
+they are numbers computed from the data. A graph traced for every batch size
+(training/compiled.py) cannot read values from its data: there they are symbolic sizes
+of inputs the tracer adds, and models read every such size through these functions.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-# while a step is traced: the values read so far, in order
-_recorded: list[list[list[int]]] = []
+# while a step is traced: the sizes the tracer gives, by kind (see ProvidedSizes)
+_provided: list[dict[str, Any]] = []
 
 
 def bucket(count: int) -> int:
@@ -24,50 +23,40 @@ def bucket(count: int) -> int:
     return -(-count // step) * step
 
 
-def data_width(value: torch.Tensor) -> int:
-    """``int(value)`` of a one-element tensor computed from the data, used as a width
-    for which any larger one would do (the most pairs of an atom, as the width of a
-    padded layout): a traced graph holds it rounded up (``bucket``), and so serves every
-    batch whose own value is no larger."""
-    if torch.jit.is_scripting():
-        return int(value)
-    return _read(value, True)[0]
+def most_pairs(counts: torch.Tensor, per_element: bool) -> int:
+    """The largest of ``counts``: how many pairs an atom is the first of, or (with
+    ``per_element``) how many it has with neighbors of one element. Models use it as a
+    width for which any larger one would do."""
+    if not torch.jit.is_scripting() and _provided:
+        return _provided[-1]["pairs_per_element" if per_element else "pairs"]
+    return int(counts.max()) if counts.shape[0] > 0 else 0
 
 
-def data_list(value: torch.Tensor) -> list[int]:
-    """``value.tolist()`` of a 1-d integer tensor computed from the data, exactly."""
-    if torch.jit.is_scripting():
-        numbers: list[int] = value.tolist()
-        return numbers
-    return _read(value, False)
-
-
-@torch.jit.unused
-def _read(value: torch.Tensor, width: bool) -> list[int]:
-    if not _recorded:
-        return [int(number) for number in value.reshape(-1).tolist()]
-    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-
-    with disable_proxy_modes_tracing():
-        numbers = [int(number) for number in value.reshape(-1).tolist()]
-    if width:
-        numbers = [bucket(number) for number in numbers]
-    _recorded[-1].append(numbers)
+def atoms_per_element(counts: torch.Tensor) -> list[int]:
+    """``counts.tolist()``: how many atoms of each of the model's elements."""
+    if not torch.jit.is_scripting() and _provided:
+        return _provided[-1]["atoms_per_element"]
+    numbers: list[int] = counts.tolist()
     return numbers
 
 
-class RecordedSizes:
-    """Within the block, every size read is recorded in ``values``."""
+class ProvidedSizes:
+    """Within the block, models read the sizes given here (the symbolic sizes of a
+    traced graph's inputs) instead of computing them from their data."""
 
-    def __init__(self) -> None:
-        self.values: list[list[int]] = []
+    def __init__(self, pairs: Any, pairs_per_element: Any, elements: list[Any]) -> None:
+        self.sizes = {
+            "pairs": pairs,
+            "pairs_per_element": pairs_per_element,
+            "atoms_per_element": elements,
+        }
 
-    def __enter__(self) -> RecordedSizes:
-        _recorded.append(self.values)
+    def __enter__(self) -> ProvidedSizes:
+        _provided.append(self.sizes)
         return self
 
     def __exit__(self, *_: object) -> None:
-        _recorded.pop()
+        _provided.pop()
 
 
 def occurrences(index: torch.Tensor, length: int) -> torch.Tensor:

@@ -1,17 +1,19 @@
 """The training step's predictions (energies, their forces and stress, every target)
-as one compiled graph per batch shape.
+as one compiled graph for batches of every size.
 
 torch.compile cannot take the eager step: forces come from ``autograd.grad(...,
 create_graph=True)`` and the loss's backward then differentiates them again, a double
 backward that aot_autograd refuses. As NequIP does, the forward pass and its force and
 stress derivatives are first traced into one plain graph of aten operations with
-``make_fx``; inductor compiles that graph, whose backward for the loss is first order.
+``make_fx``, symbolically (sizes are symbols, not numbers); torch.compile then compiles
+that graph for dynamic sizes, and its backward for the loss is first order.
 
-A traced graph holds the batch's sizes as constants: the shapes of its inputs and the
-sizes a model reads from its data (models/data_sizes.py). ``BatchShape`` is all of
-them, and each graph serves the batches of one shape; a data set of molecules of one
-kind has one. The number of shapes compiled is bounded; batches of further shapes run
-eagerly.
+Sizes a model reads from its data (the most pairs of an atom, the atoms of each
+element) enter the graph as the sizes of inputs added for them (models/data_sizes.py).
+The graph is traced twice, for the batch and for the batch with its last structure
+twice. Graphs that differ held a size as a constant (MACE's e3nn code does): the step
+is then compiled per batch shape instead, batches padded to a few sizes
+(training/padding.py), for at most MOST_SHAPES shapes.
 """
 
 from __future__ import annotations
@@ -19,201 +21,136 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import operator
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..data.batch import Batch
 from ..errors import AtomtrainError
+from ..models import registry
 from ..models.architecture import Architecture
-from ..models.data_sizes import RecordedSizes, bucket
+from ..models.data_sizes import ProvidedSizes
 from ..models.energy_model import EnergyModel, mirrored_half
 from .evaluation import model_inputs, predict
 from .outputs import LOGGER_NAME
+from .padding import BatchShape, BatchSizes, batch_shape, batch_sizes, padded
 
 logger = logging.getLogger(LOGGER_NAME)
 
-# at most this many batch shapes get a graph of their own (each costs a compilation)
+# at most this many batch shapes get a graph of their own (ShapedSteps)
 MOST_SHAPES = 8
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """Everything a traced step's graph holds as a constant about its batch."""
-
-    inputs: tuple[tuple[int, ...], ...]  # the shape of each model input, in order
-    mirrored_pairs: int  # EnergyModel.edge_geometry's half; 0 for another layout
-    element_atoms: tuple[int, ...]  # atoms of each of the model's elements
-    most_pairs: int  # the most pairs one atom is the first of, rounded up (bucket)
-    most_pairs_per_element: int  # ... with neighbors of one element, rounded up
-
-    def readable(self) -> str:
-        atoms, structures, pairs = self.inputs[0][0], self.inputs[1][0], self.inputs[4][0]
-        return f"{structures} structures, {atoms} atoms, {pairs} pairs"
-
-    def known_sizes(self) -> list[list[int]]:
-        """What models may read from the data of a batch of this shape (data_sizes)."""
-        widths = [[self.most_pairs], [self.most_pairs_per_element]]
-        return [list(self.element_atoms), *widths]
-
-
-def pair_counts(model: EnergyModel, batch: Batch) -> tuple[int, int]:
-    """(the most pairs one atom is the first of, ... with neighbors of one element)."""
-    first, second = batch.pair_first, batch.pair_second
-    if first.numel() == 0:
-        return 0, 0
-    n_types, n_atoms = len(model.atomic_types), int(batch.atomic_numbers.shape[0])
-    element_index = model.type_to_index.index_select(0, batch.atomic_numbers)
-    per_atom = torch.bincount(first, minlength=n_atoms)
-    per_element = torch.bincount(first * n_types + element_index.index_select(0, second))
-    return int(per_atom.max()), int(per_element.max())
-
-
-def batch_shape(model: EnergyModel, batch: Batch) -> BatchShape:
-    element_index = model.type_to_index.index_select(0, batch.atomic_numbers)
-    most, most_per_element = pair_counts(model, batch)
-    n_types = len(model.atomic_types)
-    return BatchShape(
-        inputs=tuple(tuple(tensor.shape) for tensor in model_inputs(batch).values()),
-        mirrored_pairs=mirrored_half(batch.pair_first, batch.pair_second, batch.cell_shifts),
-        element_atoms=tuple(torch.bincount(element_index, minlength=n_types).tolist()),
-        most_pairs=bucket(most),
-        most_pairs_per_element=bucket(most_per_element),
-    )
-
-
-def padded(model: EnergyModel, batch: Batch) -> Batch:
-    """The batch with atoms, pairs and structures added up to the next sizes of
-    ``bucket``, so that batches of nearby sizes share one graph. What is added changes
-    no prediction of the batch's own structures: the atoms added belong to structures
-    of their own (after the batch's, without a cell), the pairs added join added atoms
-    only, and the added atoms come after the batch's, so no index of the batch changes.
-    Their outputs are cut off again (CompiledPredictions). Pairs are kept in the
-    mirrored layout [pairs; the same reversed]; a batch in another layout is returned
-    unchanged (its shape then is its own)."""
-    n_pairs = int(batch.pair_first.shape[0])
-    half = mirrored_half(batch.pair_first, batch.pair_second, batch.cell_shifts)
-    if n_pairs and not half:
-        return batch
-    added_pairs = bucket(half) - half
-    most = pair_counts(model, batch)[1]
-    # the added atoms that hold the added pairs: as many as keep each one's pairs near
-    # the batch's most per atom and element, so that the widths do not grow
-    hosts = 0 if added_pairs == 0 else max(2, -(-2 * added_pairs // max(most, 1)))
-    n_types = len(model.atomic_types)
-    element_index = model.type_to_index.index_select(0, batch.atomic_numbers)
-    counts = torch.bincount(element_index, minlength=n_types).tolist()
-    counts[0] += hosts  # hosts are of the model's first element
-    added_elements: list[int] = [0] * hosts
-    for element, count in enumerate(counts):
-        added_elements += [element] * (bucket(count) - count)
-    n_added = len(added_elements)
-    n_structures = batch.n_structures
-    total_structures = bucket(n_structures + (1 if n_added else 0))
-    if n_added == 0 and total_structures == n_structures:
-        return batch
-    n_atoms = int(batch.positions.shape[0])
-    like = batch.positions
-    types = torch.tensor(model.atomic_types, dtype=batch.atomic_numbers.dtype)
-    atomic_numbers = types.index_select(0, torch.tensor(added_elements, dtype=torch.long))
-    # on a circle well within the cutoff: every added pair has a length, and a small one
-    angles = torch.arange(n_added, dtype=torch.float64) * (2 * torch.pi / max(n_added, 1))
-    radius = 0.3 * model.cutoff
-    circle = torch.stack([radius * angles.cos(), radius * angles.sin(), 0 * angles], 1)
-    # added pair k joins host k mod hosts to the next host
-    chain = torch.arange(added_pairs, dtype=torch.long)
-    index = batch.pair_first
-    first = (n_atoms + chain % max(hosts, 1)).to(index.device)
-    second = (n_atoms + (chain + 1) % max(hosts, 1)).to(index.device)
-    shifts = batch.cell_shifts
-    no_shift = shifts.new_zeros((added_pairs, 3))
-    real_first, real_second = index[:half], batch.pair_second[:half]
-    extra_structures = total_structures - n_structures
-    added_counts = [n_added] + [0] * (extra_structures - 1)
-    variant = batch.energy_variant
-    return dataclasses.replace(
-        batch,
-        positions=torch.cat([batch.positions, circle.to(like)]),
-        atomic_numbers=torch.cat([batch.atomic_numbers, atomic_numbers.to(index.device)]),
-        system_index=torch.cat(
-            [batch.system_index, batch.system_index.new_full((n_added,), n_structures)]
-        ),
-        cell=torch.cat([batch.cell, batch.cell.new_zeros((extra_structures, 3, 3))]),
-        periodic=torch.cat([batch.periodic, batch.periodic.new_zeros(extra_structures)]),
-        pair_first=torch.cat([real_first, first, real_second, second]),
-        pair_second=torch.cat([real_second, second, real_first, first]),
-        cell_shifts=torch.cat([shifts[:half], no_shift, shifts[half:], no_shift]),
-        n_atoms=torch.cat([batch.n_atoms, batch.n_atoms.new_tensor(added_counts)]),
-        energy_variant=None
-        if variant is None
-        else torch.cat([variant, variant.new_zeros(extra_structures)]),
-    )
 
 
 class CompilationFailed(Exception):
     pass
 
 
-class TracedStep:
-    """One batch shape's compiled graph: parameters, buffers and the model's inputs in,
-    the predictions out."""
+class SizeHeldConstant(CompilationFailed):
+    pass
 
-    def __init__(self, model: EnergyModel, batch: Batch, shape: BatchShape, forces, stress):
-        self.model = model
-        self.state_names = [name for name, _ in model.named_parameters()] + [
-            name for name, _ in model.named_buffers()
-        ]
-        self.input_names = list(model_inputs(batch))
-        self.output_names: list[str] = []
-        flags = {
-            "compute_forces": forces,
-            "compute_stress": stress,
-            "create_graph": True,
-            "mirrored_pairs": shape.mirrored_pairs,
-        }
 
-        def step(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            count = len(self.state_names)
-            state = dict(zip(self.state_names, tensors[:count]))
-            inputs = dict(zip(self.input_names, tensors[count:]))
-            outputs = torch.func.functional_call(model, state, (), {**inputs, **flags})
-            self.output_names = list(outputs)
-            return tuple(outputs.values())
+def size_carriers(sizes: BatchSizes, device: torch.device) -> list[torch.Tensor]:
+    """Empty tensors whose first sizes are what models read from a batch's data
+    (data_sizes): a traced graph takes them as inputs, and their sizes as symbols."""
+    numbers = [sizes.pairs, sizes.pairs_per_element, *sizes.elements]
+    return [torch.empty((number, 0), device=device) for number in numbers]
 
-        from torch._inductor.compile_fx import compile_fx
-        from torch.fx.experimental.proxy_tensor import make_fx
 
-        arguments = self.arguments(batch)
-        try:
-            with RecordedSizes() as recorded:
-                graph = make_fx(step, tracing_mode="real")(*arguments)
-            unknown = [value for value in recorded.values if value not in shape.known_sizes()]
-            if unknown:
-                raise CompilationFailed(
-                    f"the model reads sizes from its data that atomtrain cannot key graphs "
-                    f"by ({unknown})"
+def with_last_structure_twice(batch: Batch) -> Batch:
+    """The model inputs of the batch with a copy of its last structure added: a second
+    batch to trace, of other sizes (pairs kept in their mirrored layout)."""
+    last = batch.n_structures - 1
+    atoms = batch.system_index == last
+    first_atom = int(atoms.nonzero()[0, 0]) if bool(atoms.any()) else 0
+    offset = int(batch.positions.shape[0]) - first_atom
+    half = batch.pair_first.shape[0] // 2
+    halves = []
+    for part in (slice(0, half), slice(half, None)):
+        first, second = batch.pair_first[part], batch.pair_second[part]
+        chosen = batch.system_index.index_select(0, first) == last
+        halves.append((first, second, batch.cell_shifts[part], chosen))
+    pair_first = [halves[0][0], halves[0][0][halves[0][3]] + offset]
+    pair_first += [halves[1][0], halves[1][0][halves[1][3]] + offset]
+    pair_second = [halves[0][1], halves[0][1][halves[0][3]] + offset]
+    pair_second += [halves[1][1], halves[1][1][halves[1][3]] + offset]
+    shifts = [halves[0][2], halves[0][2][halves[0][3]], halves[1][2], halves[1][2][halves[1][3]]]
+    variant = batch.energy_variant
+    return dataclasses.replace(
+        batch,
+        positions=torch.cat([batch.positions, batch.positions[atoms]]),
+        atomic_numbers=torch.cat([batch.atomic_numbers, batch.atomic_numbers[atoms]]),
+        system_index=torch.cat([batch.system_index, batch.system_index[atoms] + 1]),
+        cell=torch.cat([batch.cell, batch.cell[-1:]]),
+        periodic=torch.cat([batch.periodic, batch.periodic[-1:]]),
+        n_atoms=torch.cat([batch.n_atoms, batch.n_atoms[-1:]]),
+        pair_first=torch.cat(pair_first),
+        pair_second=torch.cat(pair_second),
+        cell_shifts=torch.cat(shifts),
+        energy_variant=None if variant is None else torch.cat([variant, variant[-1:]]),
+    )
+
+
+def traceable(sizes: BatchSizes, batch: Batch) -> bool:
+    """A batch the graph for every size takes: pairs in the mirrored layout, and every
+    size the graph holds as a symbol at least 2 (torch specializes sizes 0 and 1)."""
+    half = mirrored_half(batch.pair_first, batch.pair_second, batch.cell_shifts)
+    numbers = [half, batch.n_structures, sizes.pairs, sizes.pairs_per_element, *sizes.elements]
+    return min(numbers) >= 2
+
+
+# reads of sizes, strides and detached views, which change nothing
+READS = {
+    torch.ops.aten.size.default,
+    torch.ops.aten.stride.default,
+    torch.ops.aten.sym_size.int,
+    torch.ops.aten.sym_stride.int,
+    torch.ops.aten.detach.default,
+    operator.getitem,
+}
+
+
+def without_unused_reads(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The graph without the reads (READS) whose results nothing uses: traces of the
+    same model differ in them. Not FX's dead code elimination, which also took away
+    in-place sums whose results are read through the tensor they add into (measured:
+    MACE's force-loss gradients 1e-2 off)."""
+    removed = True
+    while removed:
+        removed = False
+        for node in reversed(list(graph.graph.nodes)):
+            if node.op == "call_function" and node.target in READS and not node.users:
+                graph.graph.erase_node(node)
+                removed = True
+    graph.recompile()
+    return graph
+
+
+def without_numel(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``numel`` calls of the traced graph as products of sizes: torch.compile cannot
+    take the former (sym_numel returns no tensor), and libraries call it."""
+    for node in list(graph.graph.nodes):
+        if node.target is not torch.ops.aten.sym_numel.default:
+            continue
+        source = node.args[0]
+        with graph.graph.inserting_before(node):
+            product: Any = 1
+            for dimension in range(len(source.meta["val"].shape)):
+                size = graph.graph.call_function(torch.ops.aten.sym_size.int, (source, dimension))
+                product = (
+                    size
+                    if product == 1
+                    else graph.graph.call_function(operator.mul, (product, size))
                 )
-            with deterministic_lowering():
-                self.compiled = compile_fx(graph, list(arguments))
-        except CompilationFailed:
-            raise
-        except Exception as error:  # inductor's own errors have no common base
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise CompilationFailed(f"{type(error).__name__}: {first_line[:300]}") from error
-
-    def arguments(self, batch: Batch) -> tuple[torch.Tensor, ...]:
-        state = [parameter for _, parameter in self.model.named_parameters()]
-        state += [buffer for _, buffer in self.model.named_buffers()]
-        inputs = model_inputs(batch)
-        return (*state, *(inputs[name] for name in self.input_names))
-
-    def __call__(self, batch: Batch) -> dict[str, torch.Tensor]:
-        outputs = self.compiled(*self.arguments(batch))
-        return dict(zip(self.output_names, outputs))
+        node.replace_all_uses_with(product)
+        graph.graph.erase_node(node)
+    graph.graph.lint()
+    graph.recompile()
+    return graph
 
 
 @contextlib.contextmanager
@@ -236,6 +173,19 @@ def deterministic_lowering() -> Iterator[None]:
         torch.use_deterministic_algorithms(was_on, warn_only=warn_only)
 
 
+@contextlib.contextmanager
+def without_duck_sizes() -> Iterator[None]:
+    """Sizes that happen to be equal in the traced batch stay distinct symbols."""
+    from torch.fx.experimental import _config
+
+    before = _config.use_duck_shape
+    _config.use_duck_shape = False
+    try:
+        yield
+    finally:
+        _config.use_duck_shape = before
+
+
 def inductor_cache() -> Path:
     """Where inductor keeps what it compiled, so that the next run (or --restart)
     starts warm: TORCHINDUCTOR_CACHE_DIR when set, else the user's cache."""
@@ -245,37 +195,161 @@ def inductor_cache() -> Path:
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
-class CompiledPredictions:
-    """``predict(model, batch, forces, stress, create_graph=True)`` through a compiled
-    graph per batch shape. ``required``: a failed compilation is an error (compile:
-    true), else the step says so once and goes on eagerly."""
+def first_line(error: BaseException) -> str:
+    """The error's type and first line (dynamo's: those of the error it wraps)."""
+    error = getattr(error, "inner_exception", None) or error
+    text = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
 
-    def __init__(self, model: EnergyModel, forces: bool, stress: bool, required: bool):
+
+def python_twin(model: EnergyModel) -> EnergyModel:
+    """The model built again as plain Python modules (Architecture.python_modules), to
+    be traced with the model's own parameters and buffers."""
+    architecture = registry.architecture_of(model.hypers)
+    if architecture.python_modules is contextlib.nullcontext:
+        return model
+    with architecture.python_modules():
+        twin = architecture.model_from(model.hypers)
+    dtype = next(model.parameters()).dtype
+    twin = twin.set_precision(dtype)
+    twin.heads_to(dtype)
+    return twin.train(model.training).to(model.baseline.device)
+
+
+def backward_decompositions() -> dict:
+    """Decompositions of the backward operators the trace records (of layer norm,
+    softmax, attention, ...) into operators with derivatives: autograd differentiates
+    the traced graph once more for the loss, and an operator without a derivative there
+    would add nothing, silently (measured on PET: the force loss's gradients wrong)."""
+    from torch._decomp import core_aten_decompositions
+
+    return core_aten_decompositions()
+
+
+class TracedStep:
+    """The step's graph, traced with make_fx: parameters, buffers and the model's
+    inputs in (and, traced symbolically, the size carriers), the predictions out."""
+
+    def __init__(self, model: EnergyModel, batch: Batch, forces: bool, stress: bool):
         self.model = model
-        self.forces = forces
-        self.stress = stress
-        self.required = required
-        self.steps: dict[BatchShape, TracedStep] = {}
-        self.failed: str | None = None
-        self.said_full = False
-        self.compilations = 0
-        self.seconds = 0.0
-        inductor_cache()
+        self.state_names = [name for name, _ in model.named_parameters()]
+        self.state_names += [name for name, _ in model.named_buffers()]
+        self.input_names = list(model_inputs(batch))
+        self.output_names: list[str] = []
+        self.traced_model = python_twin(model)
+        self.flags = {"compute_forces": forces, "compute_stress": stress, "create_graph": True}
+        # libraries may take another path the first time (e3nn builds its code)
+        self.traced_model(**model_inputs(batch), **self.flags)
 
-    def __call__(self, batch: Batch) -> dict[str, torch.Tensor]:
-        if self.failed is None:
-            whole = padded(self.model, batch)
-            step = self.step_for(whole)
-            if step is not None:
-                return self.cut(step(whole), batch)
-        return predict(self.model, batch, self.forces, self.stress, True)
+    def step(self, *tensors: torch.Tensor, sizes: BatchSizes | None = None):
+        """The predictions as a tuple; the sizes the model reads are ``sizes`` or, when
+        None, those of the carriers after the inputs."""
+        count, n_inputs = len(self.state_names), len(self.input_names)
+        state = dict(zip(self.state_names, tensors[:count]))
+        inputs = dict(zip(self.input_names, tensors[count : count + n_inputs]))
+        if sizes is None:
+            numbers = [carrier.shape[0] for carrier in tensors[count + n_inputs :]]
+            sizes = BatchSizes(numbers[0], numbers[1], tuple(numbers[2:]))
+        half = inputs["pair_first"].shape[0] // 2
+        with ProvidedSizes(sizes.pairs, sizes.pairs_per_element, list(sizes.elements)):
+            outputs = torch.func.functional_call(
+                self.traced_model, state, (), {**inputs, **self.flags, "mirrored_pairs": half}
+            )
+        self.output_names = list(outputs)
+        return tuple(outputs.values())
+
+    def trace(self, arguments: list[torch.Tensor], mode: str, sizes=None) -> torch.fx.GraphModule:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        def step(*tensors: torch.Tensor):
+            return self.step(*tensors, sizes=sizes)
+
+        try:
+            with without_duck_sizes():
+                graph = make_fx(
+                    step,
+                    decomposition_table=backward_decompositions(),
+                    tracing_mode=mode,
+                    _allow_non_fake_inputs=True,
+                    _error_on_data_dependent_ops=True,
+                )(*[tensor.clone() for tensor in arguments])
+        except Exception as error:  # tracing's errors have no common base
+            raise CompilationFailed(first_line(error)) from error
+        return without_unused_reads(graph)
+
+    def arguments(self, batch: Batch) -> list[torch.Tensor]:
+        state = [parameter for _, parameter in self.model.named_parameters()]
+        state += [buffer for _, buffer in self.model.named_buffers()]
+        inputs = model_inputs(batch)
+        return [*state, *(inputs[name] for name in self.input_names)]
+
+    def outputs(self, values) -> dict[str, torch.Tensor]:
+        return dict(zip(self.output_names, values))
+
+
+class DynamicStep(TracedStep):
+    """One graph for batches of every size: traced symbolically and compiled by
+    torch.compile with dynamic sizes."""
+
+    def __init__(self, model, batch, forces, stress, backend):
+        super().__init__(model, batch, forces, stress)
+        sizes = batch_sizes(model, batch)
+        graph = self.trace(self.arguments(batch, sizes), "symbolic")
+        larger = with_last_structure_twice(batch)
+        larger_graph = self.trace(self.arguments(larger, batch_sizes(model, larger)), "symbolic")
+        if larger_graph.code != graph.code:
+            raise SizeHeldConstant("the model's graph holds a size of its batch as a constant")
+        self.compiled = torch.compile(
+            without_numel(graph), backend=backend, dynamic=True, fullgraph=True
+        )
+
+    def arguments(self, batch: Batch, sizes: BatchSizes | None = None) -> list[torch.Tensor]:
+        sizes = sizes or batch_sizes(self.model, batch)
+        return super().arguments(batch) + size_carriers(sizes, batch.positions.device)
+
+    def __call__(self, batch: Batch, sizes: BatchSizes) -> dict[str, torch.Tensor]:
+        with without_duck_sizes():  # dynamo's symbols too, when it (re)compiles
+            return self.outputs(self.compiled(*self.arguments(batch, sizes)))
+
+
+class ShapedSteps(TracedStep):
+    """A graph per batch shape, for models whose graph holds a size as a constant:
+    batches padded to a few sizes (training/padding.py), each shape traced with its
+    numbers and compiled by inductor, at most MOST_SHAPES of them."""
+
+    def __init__(self, model, batch, forces, stress, compiler):
+        super().__init__(model, batch, forces, stress)
+        self.compiler = compiler
+        self.graphs: dict[BatchShape, Callable] = {}
+        self.said_full = False
+
+    def __call__(self, batch: Batch) -> dict[str, torch.Tensor] | None:
+        whole = padded(self.model, batch)
+        shape = batch_shape(self.model, whole)
+        graph = self.graphs.get(shape)
+        if graph is None:
+            if len(self.graphs) >= MOST_SHAPES:
+                if not self.said_full:
+                    logger.info(
+                        f"the training step is compiled for {MOST_SHAPES} batch shapes, the "
+                        f"most it compiles; batches of other shapes (here "
+                        f"{shape.readable()}) run eagerly"
+                    )
+                    self.said_full = True
+                return None
+            arguments = self.arguments(whole)
+            traced = self.trace(arguments, "symbolic", shape.sizes)
+            graph = torch.compile(
+                without_numel(traced), backend=self.compiler, dynamic=True, fullgraph=True
+            )
+            self.graphs[shape] = graph
+        return self.cut(self.outputs(graph(*self.arguments(whole))), batch)
 
     def cut(self, outputs: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
         """The outputs of a padded batch's own structures and atoms."""
+        model = self.model
         per_atom = {"forces"} | {
-            name
-            for name, atoms in zip(self.model.target_names, self.model.per_atom_targets)
-            if atoms
+            name for name, atoms in zip(model.target_names, model.per_atom_targets) if atoms
         }
         n_atoms, n_structures = int(batch.positions.shape[0]), batch.n_structures
         return {
@@ -283,42 +357,144 @@ class CompiledPredictions:
             for name, values in outputs.items()
         }
 
-    def step_for(self, batch: Batch) -> TracedStep | None:
-        shape = batch_shape(self.model, batch)
-        step = self.steps.get(shape)
-        if step is not None:
-            return step
-        if len(self.steps) >= MOST_SHAPES:
-            if not self.said_full:
-                logger.info(
-                    f"the training step is compiled for {MOST_SHAPES} batch shapes, the "
-                    f"most it compiles; batches of other shapes (here {shape.readable()}) "
-                    "run eagerly"
+
+class CompiledPredictions:
+    """``predict(model, batch, forces, stress, create_graph=True)`` through a compiled
+    graph: one for every batch size where the model allows it (DynamicStep), else one
+    per batch shape (ShapedSteps); batches neither takes run eagerly. ``required``: a
+    failed compilation is an error (compile: true), else the log says so in a line and
+    the step goes on eagerly."""
+
+    def __init__(self, model: EnergyModel, forces: bool, stress: bool, required: bool):
+        self.model = model
+        self.forces = forces
+        self.stress = stress
+        self.required = required
+        self.dynamic: DynamicStep | None = None
+        self.shaped: ShapedSteps | None = None
+        self.failed: str | None = None
+        self.compilations = 0
+        self.seconds = 0.0
+        self.eager_batches = 0
+        self.verified = 0  # compilations whose graphs were checked against eager steps
+        inductor_cache()
+
+    def __call__(self, batch: Batch) -> dict[str, torch.Tensor]:
+        if self.failed is None:
+            try:
+                found = self.compiled(batch)
+                if found is not None and self.compilations > self.verified:
+                    # on outputs of their own: a compiled backward runs once (its
+                    # buffers are donated), and the step's loss needs its own
+                    self.verify(batch, self.compiled(batch))
+                    self.verified = self.compilations
+                if found is not None:
+                    return found
+            except CompilationFailed as error:
+                self.fail(str(error), error)
+            except Exception as error:
+                if not type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                    raise
+                self.fail(first_line(error), error)
+        self.eager_batches += 1
+        return predict(self.model, batch, self.forces, self.stress, True)
+
+    def compiled(self, batch: Batch) -> dict[str, torch.Tensor] | None:
+        if self.shaped is not None:
+            return self.shaped(batch)
+        sizes = batch_sizes(self.model, batch)
+        if not traceable(sizes, batch):
+            return None
+        if self.dynamic is None:
+            started = time.perf_counter()
+            try:
+                self.dynamic = DynamicStep(
+                    self.model, batch, self.forces, self.stress, self.backend
                 )
-                self.said_full = True
-            return None
+            except SizeHeldConstant as error:
+                logger.info(f"the training step is compiled per batch shape: {error}")
+                self.shaped = ShapedSteps(
+                    self.model, batch, self.forces, self.stress, self.compile_shape
+                )
+                return self.shaped(batch)
+            finally:
+                self.seconds += time.perf_counter() - started
+        return self.dynamic(batch, sizes)
+
+    def verify(self, batch: Batch, found: dict[str, torch.Tensor] | None) -> None:
+        """The predictions of a newly compiled graph, and the gradients of a loss on them,
+        against the eager step's on the same batch: a compiler's or a library's fault
+        shows here, not as a model that silently trains worse (measured before the
+        backward decompositions: PET's and MACE's force-loss gradients 1e-2 off)."""
+        assert found is not None
+        expected = predict(self.model, batch, self.forces, self.stress, True)
+        parameters = [p for p in self.model.parameters() if p.requires_grad]
+        names = sorted(expected)
+        worst, where = 0.0, ""
+        gradients = []
+        for predictions in (expected, found):
+            loss = sum(
+                (1.0 + index) * (predictions[name].to(torch.float64) ** 2).sum()
+                for index, name in enumerate(names)
+            )
+            gradients.append(torch.autograd.grad(loss, parameters, allow_unused=True))
+        pairs = [(name, expected[name], found[name]) for name in names]
+        pairs += [
+            (f"the gradient of {name}", eager, compiled)
+            for (name, _), eager, compiled in zip(
+                [(n, p) for n, p in self.model.named_parameters() if p.requires_grad],
+                *gradients,
+            )
+            if eager is not None and compiled is not None
+        ]
+        for name, eager, compiled in pairs:
+            scale = float(eager.detach().abs().max()) if eager.numel() else 0.0
+            error = float((compiled.detach() - eager.detach()).abs().max()) if eager.numel() else 0
+            relative = error / scale if scale > 0 else error
+            if relative > worst:
+                worst, where = relative, name
+        tolerance = 1e-8 if batch.positions.dtype == torch.float64 else 1e-3
+        if worst > tolerance:
+            raise CompilationFailed(
+                f"the compiled step disagrees with the eager one on its first batch ({where}: "
+                f"{worst:.1e} relative, more than {tolerance:g}), a fault of the compiler or "
+                "of an operator's derivative"
+            )
+
+    def fail(self, reason: str, error: BaseException) -> None:
+        self.failed = reason
+        if self.required:
+            raise AtomtrainError(
+                f"the training step could not be compiled ({reason}); set "
+                "architecture.training.compile: false to train eagerly"
+            ) from error
+        logger.info(f"the training step could not be compiled, so it runs eagerly: {reason}")
+
+    def backend(self, graph: torch.fx.GraphModule, example_inputs: list[Any]):
+        """Inductor, counted and timed: torch.compile calls it for the first batch and
+        again whenever a batch breaks what the graph assumed (a recompilation)."""
+        return self.inductor(graph, example_inputs, "for batches of any size")
+
+    def compile_shape(self, graph: torch.fx.GraphModule, example_inputs: list[Any]):
+        shape = (
+            "a batch shape" if self.shaped is None else f"batch shape {len(self.shaped.graphs) + 1}"
+        )
+        return self.inductor(graph, example_inputs, f"for {shape}")
+
+    def inductor(self, graph: torch.fx.GraphModule, example_inputs: list[Any], what: str):
+        from torch._inductor.compile_fx import compile_fx
+
         started = time.perf_counter()
-        try:
-            step = TracedStep(self.model, batch, shape, self.forces, self.stress)
-        except CompilationFailed as error:
-            self.failed = str(error)
-            if self.required:
-                raise AtomtrainError(
-                    f"the training step could not be compiled ({error}); set "
-                    "architecture.training.compile: false to train eagerly"
-                ) from error
-            logger.info(f"the training step could not be compiled, so it runs eagerly: {error}")
-            return None
+        with deterministic_lowering():
+            compiled = compile_fx(graph, example_inputs)
         seconds = time.perf_counter() - started
-        self.steps[shape] = step
         self.compilations += 1
         self.seconds += seconds
         logger.info(
-            f"compiled the training step for batches of {shape.readable()} in "
-            f"{seconds:.1f} s ({len(self.steps)} batch shape"
-            f"{'s' if len(self.steps) > 1 else ''} so far, at most {MOST_SHAPES})"
+            f"compiled the training step {what} in {seconds:.1f} s (compilation "
+            f"{self.compilations}; cache in {inductor_cache()})"
         )
-        return step
+        return compiled
 
 
 def compile_decision(

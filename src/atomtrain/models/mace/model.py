@@ -253,7 +253,8 @@ class MaceModel(EnergyModel):
             "cell": torch.zeros((1, 3, 3), dtype=dtype, device=device),
             # one graph: per-atom energies do not depend on how atoms group into systems
             "batch": torch.zeros(n_atoms, dtype=torch.long, device=device),
-            "ptr": torch.tensor([0, n_atoms], dtype=torch.long, device=device),
+            # [0, n_atoms], from the size itself: a traced graph keeps it a symbol
+            "ptr": torch.arange(2, dtype=torch.long, device=device) * n_atoms,
         }
         return self.mace(data, training=self.training, compute_force=False)
 

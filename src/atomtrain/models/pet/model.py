@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data_sizes import data_width
+from ..data_sizes import most_pairs
 from ..energy_model import EnergyModel
 from . import ARCHITECTURE_NAME
 from .library import import_pet
@@ -158,7 +158,7 @@ class PetModel(EnergyModel):
             )
         counts = torch.zeros(n_atoms, dtype=centers.dtype, device=centers.device)
         counts = counts.scatter_add_(0, centers, torch.ones_like(centers))
-        widest = data_width(counts.max()) if n_atoms > 0 and centers.shape[0] > 0 else 0
+        widest = most_pairs(counts, per_element=False)
         nef_indices, nef_to_edges, nef_mask = nef.get_nef_indices(centers, counts, widest)
         nef_vectors = nef.edge_array_to_nef(vectors, nef_indices)
         reverse = torch.arange(2 * half, device=centers.device).roll(half)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data_sizes import data_list, occurrences
+from ..data_sizes import atoms_per_element, occurrences
 
 
 def element_network(n_inputs: int, n_hidden_layers: int, n_neurons: int) -> torch.nn.Sequential:
@@ -55,7 +55,7 @@ class ElementNetworks(torch.nn.Module):
         if len(self.networks) == 1:  # one element: no sorting by element
             return self.networks[0](features).reshape(-1)
         # Atoms sorted by element make each element's rows one contiguous slice.
-        counts = data_list(occurrences(element_index, len(self.networks)))
+        counts = atoms_per_element(occurrences(element_index, len(self.networks)))
         order = torch.argsort(element_index, stable=True)
         rows = torch.split(features.index_select(0, order), counts)
         energies: list[torch.Tensor] = []

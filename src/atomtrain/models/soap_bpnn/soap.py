@@ -14,7 +14,7 @@ import scipy.optimize
 import scipy.special
 import torch
 
-from ..data_sizes import data_width, occurrences
+from ..data_sizes import most_pairs, occurrences
 from .harmonics_library import import_sphericart_torch
 
 sphericart_torch = import_sphericart_torch()
@@ -141,12 +141,12 @@ def neighbor_sums(
     memory and scattered.
     """
     counts = occurrences(target, n_targets)
-    width = data_width(counts.max()) if target.numel() > 0 else 1
+    width = most_pairs(counts, per_element=True)
     # each pair's slot among the pairs of its target, in their order
     order = torch.argsort(target, stable=True)
     first_of_target = torch.cumsum(counts, 0) - counts
     slot = torch.empty_like(target)
-    position = torch.arange(target.numel(), device=target.device)
+    position = torch.arange(target.shape[0], device=target.device)
     slot[order] = position - first_of_target[target[order]]
     flat = target * width + slot
     # written in place into fresh zeros: out of place, index_copy copies the zeros first
