@@ -5,8 +5,6 @@ they are numbers computed from the data. A graph traced for every batch size
 of inputs the tracer adds, and models read every such size through these functions.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import torch
@@ -27,17 +25,32 @@ def most_pairs(counts: torch.Tensor, per_element: bool) -> int:
     """The largest of ``counts``: how many pairs an atom is the first of, or (with
     ``per_element``) how many it has with neighbors of one element. Models use it as a
     width for which any larger one would do."""
-    if not torch.jit.is_scripting() and _provided:
-        return _provided[-1]["pairs_per_element" if per_element else "pairs"]
-    return int(counts.max()) if counts.shape[0] > 0 else 0
+    if torch.jit.is_scripting() or not _given():
+        return int(counts.max()) if counts.shape[0] > 0 else 0
+    return _given_size("pairs_per_element" if per_element else "pairs")
 
 
 def atoms_per_element(counts: torch.Tensor) -> list[int]:
     """``counts.tolist()``: how many atoms of each of the model's elements."""
-    if not torch.jit.is_scripting() and _provided:
-        return _provided[-1]["atoms_per_element"]
-    numbers: list[int] = counts.tolist()
-    return numbers
+    if torch.jit.is_scripting() or not _given():
+        numbers: list[int] = counts.tolist()
+        return numbers
+    return _given_elements()
+
+
+@torch.jit.unused
+def _given() -> bool:
+    return bool(_provided)
+
+
+@torch.jit.unused
+def _given_size(kind: str) -> int:
+    return _provided[-1][kind]
+
+
+@torch.jit.unused
+def _given_elements() -> list[int]:
+    return _provided[-1]["atoms_per_element"]
 
 
 class ProvidedSizes:
@@ -51,7 +64,7 @@ class ProvidedSizes:
             "atoms_per_element": elements,
         }
 
-    def __enter__(self) -> ProvidedSizes:
+    def __enter__(self) -> "ProvidedSizes":
         _provided.append(self.sizes)
         return self
 

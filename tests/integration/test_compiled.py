@@ -1,0 +1,96 @@
+"""The compiled training step (architecture.training.compile) in whole runs: it trains
+the eager run's model, resumes exactly, and a model it cannot compile is one line in
+the log (auto) or one line and exit code 2 (true)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from atomtrain.cli.main import main
+from atomtrain.training import compiled as compiled_module
+
+from conftest import RESOURCES
+from helpers import run_directories, write_options
+
+ETHANOL = RESOURCES / "ethanol_40.xyz"
+
+
+def train(directory, compile_option, *extra, **changes):
+    directory.mkdir(parents=True, exist_ok=True)
+    options = write_options(
+        directory,
+        ETHANOL,
+        architecture__training__compile=compile_option,
+        architecture__training__num_epochs=2,
+        **changes,
+    )
+    code = main(["train", str(options), "--outputs", str(directory / "outputs"), *extra])
+    runs = run_directories(directory / "outputs")
+    return code, runs[-1] if runs else None
+
+
+def weights(run):
+    return torch.load(run / "last.ckpt", weights_only=True)["model_state"]
+
+
+def test_a_compiled_run_trains_the_eager_runs_model(tmp_path):
+    """float64: the final weights of two epochs within 1e-8 of the eager run's."""
+    code, eager_run = train(tmp_path / "eager", False)
+    assert code == 0
+    code, compiled_run = train(tmp_path / "compiled", True)
+    assert code == 0
+    log = (compiled_run / "train.log").read_text()
+    assert "compiled the training step for batches of any size" in log
+    eager, compiled = weights(eager_run), weights(compiled_run)
+    for name, value in eager.items():
+        if value.is_floating_point():
+            scale = float(value.abs().max()) or 1.0
+            assert float((compiled[name] - value).abs().max()) <= 1e-8 * scale, name
+
+
+def fail_to_trace(*_, **__):
+    raise compiled_module.CompilationFailed("RuntimeError: an operator inductor cannot take")
+
+
+def test_a_model_that_cannot_be_compiled_trains_eagerly_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiled_module.TracedStep, "trace", fail_to_trace)
+    # auto, as on a run long enough to repay compiling
+    monkeypatch.setattr(compiled_module, "compile_decision", lambda *_: (True, "auto"))
+    code, run = train(tmp_path, "auto")
+    assert code == 0
+    log = (run / "train.log").read_text()
+    lines = [line for line in log.splitlines() if "could not be compiled" in line]
+    assert len(lines) == 1
+    assert "so it runs eagerly: RuntimeError: an operator inductor cannot take" in lines[0]
+    assert "epoch 2/2" in log
+
+
+def test_auto_says_in_the_log_why_a_run_stays_eager(tmp_path):
+    code, run = train(tmp_path, "auto")
+    assert code == 0
+    log = (run / "train.log").read_text()
+    assert "the training step is eager (compile: auto; no gain measured for SOAP-BPNN)" in log
+
+
+def test_compile_true_on_a_model_that_cannot_be_compiled_is_one_line_and_exit_2(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(compiled_module.TracedStep, "trace", fail_to_trace)
+    code, _ = train(tmp_path, True)
+    assert code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1
+    assert "the training step could not be compiled (RuntimeError: an operator" in error[0]
+    assert "compile: false" in error[0]
+
+
+@pytest.mark.parametrize("option", ["auto", "sometimes"])
+def test_the_compile_option_takes_auto_true_and_false_only(tmp_path, option, capsys):
+    options = write_options(tmp_path, ETHANOL, architecture__training__compile=option)
+    code = main(["train", str(options), "--check", "--outputs", str(tmp_path / "outputs")])
+    if option == "auto":
+        assert code == 0
+    else:
+        assert code == 2
+        assert "architecture.training.compile" in capsys.readouterr().err
