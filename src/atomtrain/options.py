@@ -284,12 +284,14 @@ class TrainingOptions(Strict):
     (torch.nn.utils.clip_grad_norm_); unset or ``.inf``: never (MACE's default: 1.0,
     metatrain's; mace_run_train's is 10)."""
     compile: bool | Literal["auto"] = "auto"
-    """Compile the training step (training/compiled.py): the forward pass with its
-    forces and stress traced into one graph per batch shape and compiled by inductor,
-    on at most 8 batch shapes (batches of others run eagerly); the model trained is the
-    eager one's to rounding. ``true``: a model that cannot be compiled is an error;
-    ``false``: never; ``auto``: where docs/performance.md measured a gain, and when the
-    run is long enough to repay the compilation (see there)."""
+    """Compile the training step (training/compiled.py): the forward pass with its forces
+    and stress traced into one graph and compiled by inductor, for batches of every size
+    (or, for a model that holds a size constant, MACE, per shape of batches padded to a
+    few sizes). Each new graph is checked against the eager step on its first batch and
+    refused when it disagrees (PET's does), so the model trained is the eager one's to
+    rounding. ``true``: a model that cannot be compiled is an error; ``false``: never;
+    ``auto``: on CPU, for runs long enough to repay the compilation where
+    docs/performance.md measured a gain (MACE), else eager; the log says which."""
     log_interval: Annotated[int, Field(ge=1)] = 1
     """Validate and log every this many epochs (and at the last one)."""
     checkpoint_interval: Annotated[int, Field(ge=1)] = 25

@@ -70,7 +70,7 @@ def test_auto_says_in_the_log_why_a_run_stays_eager(tmp_path):
     code, run = train(tmp_path, "auto")
     assert code == 0
     log = (run / "train.log").read_text()
-    assert "the training step is eager (compile: auto; no gain measured for SOAP-BPNN)" in log
+    assert "steps is shorter than the 50000 that repay compiling SOAP-BPNN)" in log
 
 
 def test_compile_true_on_a_model_that_cannot_be_compiled_is_one_line_and_exit_2(

@@ -189,7 +189,11 @@ def without_duck_sizes() -> Iterator[None]:
 def inductor_cache() -> Path:
     """Where inductor keeps what it compiled, so that the next run (or --restart)
     starts warm: TORCHINDUCTOR_CACHE_DIR when set, else the user's cache."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    # inductor writes its default there when first asked (a library may have asked)
+    if current is None or current == os.path.abspath(default_cache_dir()):
         base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(base / "atomtrain" / "torchinductor")
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
