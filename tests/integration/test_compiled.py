@@ -34,11 +34,15 @@ def weights(run):
     return torch.load(run / "last.ckpt", weights_only=True)["model_state"]
 
 
-def test_a_compiled_run_trains_the_eager_runs_model(tmp_path):
-    """float64: the final weights of two epochs within 1e-8 of the eager run's."""
+def test_a_compiled_run_trains_the_eager_runs_model_and_resumes_exactly(tmp_path):
+    """float64: the final weights of two epochs within 1e-8 of the eager run's; and
+    resumed after its first epoch in a new process (which compiles again), the
+    compiled run ends with the same weights (to 1e-12, as an eager resume)."""
     code, eager_run = train(tmp_path / "eager", False)
     assert code == 0
-    code, compiled_run = train(tmp_path / "compiled", True)
+    code, compiled_run = train(
+        tmp_path / "compiled", True, architecture__training__checkpoint_interval=1
+    )
     assert code == 0
     log = (compiled_run / "train.log").read_text()
     assert "compiled the training step for batches of any size" in log
@@ -47,6 +51,21 @@ def test_a_compiled_run_trains_the_eager_runs_model(tmp_path):
         if value.is_floating_point():
             scale = float(value.abs().max()) or 1.0
             assert float((compiled[name] - value).abs().max()) <= 1e-8 * scale, name
+    # --restart auto of a copy of the run whose last checkpoint is its first epoch's
+    copy = tmp_path / "resumed" / "outputs" / "2000-01-01" / "00-00-00"
+    copy.mkdir(parents=True)
+    (copy / "last.ckpt").write_bytes((compiled_run / "epoch_1.ckpt").read_bytes())
+    options = tmp_path / "resumed" / "options.yaml"
+    options.write_text((compiled_run / "options.yaml").read_text())
+    outputs = str(tmp_path / "resumed" / "outputs")
+    assert main(["train", str(options), "--outputs", outputs, "--restart", "auto"]) == 0
+    resumed = weights(copy)
+    worst = max(
+        float((resumed[n] - v).abs().max() / v.abs().max().clamp_min(1e-300))
+        for n, v in compiled.items()
+        if v.is_floating_point()
+    )
+    assert worst <= 1e-12, worst  # as an eager resume (tests/integration/test_cli.py)
 
 
 def fail_to_trace(*_, **__):
@@ -94,3 +113,19 @@ def test_the_compile_option_takes_auto_true_and_false_only(tmp_path, option, cap
     else:
         assert code == 2
         assert "architecture.training.compile" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_compiled_processes_train_the_one_process_model(tmp_path):
+    """--nproc 2 with the compiled step (each process compiles its own) against one
+    process, float64: within 1e-8, as eager runs are (test_distributed)."""
+    code, one = train(tmp_path / "one", True)
+    assert code == 0
+    code, two = train(tmp_path / "two", True, "--nproc", "2")
+    assert code == 0
+    assert "compiled the training step" in (two / "train.log").read_text()
+    expected, found = weights(one), weights(two)
+    for name, value in expected.items():
+        if value.is_floating_point():
+            scale = float(value.abs().max()) or 1.0
+            assert float((found[name] - value).abs().max()) <= 1e-8 * scale, name
