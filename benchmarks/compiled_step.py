@@ -1,7 +1,7 @@
 """The compiled training step against the eager one, side by side (CPU).
 
     python benchmarks/compiled_step.py [--cases soap_ethanol,soap_silicon,mace_ethanol,pet_ethanol]
-        [--batch 8] [--steps 20] [--rounds 5] [--threads 2]
+        [--batch 8] [--steps 20] [--rounds 5] [--threads 2] [--device cpu|cuda]
 
 Each case builds its architecture as its example options file sets it (examples/...),
 in float32, and times whole training steps (predictions with forces and, on silicon,
@@ -48,19 +48,20 @@ def model_for(name: str, options_file: Path, types: list[int]):
     return new_model(name, types, 8.0, **section).set_precision(torch.float32)
 
 
-def run_case(case: str, batch_size: int, steps: int, rounds: int) -> None:
+def run_case(case: str, batch_size: int, steps: int, rounds: int, device: str = "cpu") -> None:
     name, options_file, data = CASES[case]
     structures = read_structures(data)[: batch_size * steps]
     types = sorted({int(z) for structure in structures for z in structure.atomic_numbers})
-    model = model_for(name, options_file, types).train()
+    model = model_for(name, options_file, types).train().to(device)
     stress = all(structure.stress is not None for structure in structures)
     batches = []
     for first in range(0, len(structures) - batch_size + 1, batch_size):
         chosen = structures[first : first + batch_size]
         counts = global_counts(FrameSet.from_structures(chosen), list(range(len(chosen))))
-        batches.append((collate(chosen, model.cutoff).to("cpu", torch.float32), counts))
+        batches.append((collate(chosen, model.cutoff).to(device, torch.float32), counts))
     parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=1e-5, fused=True)
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     compiled = CompiledPredictions(model, True, stress, required=False)
     eager = lambda batch: predict(model, batch, True, stress, True)  # noqa: E731
 
@@ -82,11 +83,12 @@ def run_case(case: str, batch_size: int, steps: int, rounds: int) -> None:
             for batch, counts in batches:
                 start = time.perf_counter()
                 step(predictions, batch, counts)
+                synchronize()
                 times[label].append(time.perf_counter() - start)
     eager_ms = 1000 * statistics.median(times["eager"])
     compiled_ms = 1000 * statistics.median(times["compiled"])
     print(
-        f"{case}: batch {batch_size}, float32; eager {eager_ms:.2f} ms, compiled "
+        f"{case}: batch {batch_size}, float32, {device}; eager {eager_ms:.2f} ms, compiled "
         f"{compiled_ms:.2f} ms per step (median of {len(times['eager'])}), compiled / "
         f"eager {compiled_ms / eager_ms:.3f}; {compiled.compilations} compilations, "
         f"{compiled.seconds:.1f} s (first step, with tracing, the check against the eager "
@@ -102,11 +104,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     arguments = parser.parse_args()
     torch.set_num_threads(arguments.threads)
     keep_freed_memory()  # as every atomtrain command does
     for case in arguments.cases.split(","):
-        run_case(case, arguments.batch, arguments.steps, arguments.rounds)
+        run_case(case, arguments.batch, arguments.steps, arguments.rounds, arguments.device)
 
 
 if __name__ == "__main__":
