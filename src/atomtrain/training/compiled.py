@@ -66,19 +66,20 @@ def with_last_structure_twice(batch: Batch) -> Batch:
     batch to trace, of other sizes (pairs kept in their mirrored layout)."""
     last = batch.n_structures - 1
     atoms = batch.system_index == last
-    first_atom = int(atoms.nonzero()[0, 0]) if bool(atoms.any()) else 0
-    offset = int(batch.positions.shape[0]) - first_atom
+    offset = int(atoms.sum())  # the last structure's atoms end the batch: so do the copy's
     half = batch.pair_first.shape[0] // 2
     halves = []
     for part in (slice(0, half), slice(half, None)):
         first, second = batch.pair_first[part], batch.pair_second[part]
-        chosen = batch.system_index.index_select(0, first) == last
-        halves.append((first, second, batch.cell_shifts[part], chosen))
-    pair_first = [halves[0][0], halves[0][0][halves[0][3]] + offset]
-    pair_first += [halves[1][0], halves[1][0][halves[1][3]] + offset]
-    pair_second = [halves[0][1], halves[0][1][halves[0][3]] + offset]
-    pair_second += [halves[1][1], halves[1][1][halves[1][3]] + offset]
-    shifts = [halves[0][2], halves[0][2][halves[0][3]], halves[1][2], halves[1][2][halves[1][3]]]
+        shifts = batch.cell_shifts[part]
+        copied = batch.system_index.index_select(0, first) == last
+        halves.append(
+            (
+                torch.cat([first, first[copied] + offset]),
+                torch.cat([second, second[copied] + offset]),
+                torch.cat([shifts, shifts[copied]]),
+            )
+        )
     variant = batch.energy_variant
     return dataclasses.replace(
         batch,
@@ -88,9 +89,9 @@ def with_last_structure_twice(batch: Batch) -> Batch:
         cell=torch.cat([batch.cell, batch.cell[-1:]]),
         periodic=torch.cat([batch.periodic, batch.periodic[-1:]]),
         n_atoms=torch.cat([batch.n_atoms, batch.n_atoms[-1:]]),
-        pair_first=torch.cat(pair_first),
-        pair_second=torch.cat(pair_second),
-        cell_shifts=torch.cat(shifts),
+        pair_first=torch.cat([halves[0][0], halves[1][0]]),
+        pair_second=torch.cat([halves[0][1], halves[1][1]]),
+        cell_shifts=torch.cat([halves[0][2], halves[1][2]]),
         energy_variant=None if variant is None else torch.cat([variant, variant[-1:]]),
     )
 
@@ -116,9 +117,8 @@ READS = {
 
 def without_unused_reads(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """The graph without the reads (READS) whose results nothing uses: traces of the
-    same model differ in them. Not FX's dead code elimination, which also took away
-    in-place sums whose results are read through the tensor they add into (measured:
-    MACE's force-loss gradients 1e-2 off)."""
+    same model differ in them. Only these: FX's dead code elimination would also judge
+    in-place operations whose results are read through the tensor they write into."""
     removed = True
     while removed:
         removed = False
@@ -157,8 +157,7 @@ def without_numel(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def deterministic_lowering() -> Iterator[None]:
     """Inductor lowers sums into shared rows (index_add, the backward of a gather) to
     aten's kernels, not to atomic adds from several threads: those add in a varying
-    order, and so would not give the same model twice (exact resume), and took 4x as
-    long as aten's on SOAP-BPNN's step (benchmarks/compiled_step.py). Inductor takes
+    order, and so would not give the same model twice (exact resume). Inductor takes
     torch's deterministic mode for that wish, at lowering only; the backward is lowered
     now too, not at its first call, so that the mode covers it."""
     from torch._functorch import config as functorch_config
@@ -428,8 +427,9 @@ class CompiledPredictions:
     def verify(self, batch: Batch, found: dict[str, torch.Tensor] | None) -> None:
         """The predictions of a newly compiled graph, and the gradients of a loss on them,
         against the eager step's on the same batch: a compiler's or a library's fault
-        shows here, not as a model that silently trains worse (measured before the
-        backward decompositions: PET's and MACE's force-loss gradients 1e-2 off)."""
+        shows here, not as a model that silently trains worse (before the backward
+        decompositions, the force loss's gradients were 1e-2 off for MACE and 1.8
+        for PET; with them, PET's are still 1e-4 off in float64)."""
         assert found is not None
         expected = predict(self.model, batch, self.forces, self.stress, True)
         parameters = [p for p in self.model.parameters() if p.requires_grad]
