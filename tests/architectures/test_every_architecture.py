@@ -12,7 +12,8 @@ SMALL_SECTIONS when its defaults are slow.
 - a float32 model gives the float64 model's energies to float32 precision;
 - the compiled training step (training/compiled.py) gives the eager step's energies,
   forces, stress and parameter gradients to 1e-10 for batches of two sizes, or is
-  refused (PET) and the step is eager (MACE and PET: slow);
+  refused (PET) and the step is eager (MACE and PET, slow: without inductor's code
+  generation);
 - a trained run's checkpoint gives the model its export gives, and that export runs
   in a process that never imports atomtrain (slow);
 - fine-tuning starts from the trained model (slow); its heads and lora methods train
@@ -182,21 +183,29 @@ def test_forces_and_stress_equal_finite_differences(name, make):
 COMPILES = {"soap_bpnn": True, "mace": True, "pet": False}
 
 
-def compiled_cases():
-    """SOAP-BPNN compiles in seconds; MACE and PET take a minute or more (slow)."""
-    return [
+def without_code_generation(graph, example_inputs):
+    """AOT autograd on the traced graph, without inductor's C++: MACE's and PET's
+    compilations take minutes on two cores. What went wrong for them went wrong before
+    code generation (docs/performance-notes.md); inductor's is tested on SOAP-BPNN."""
+    from torch._dynamo.backends.debugging import aot_eager
+
+    return aot_eager(graph, example_inputs)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
         pytest.param(name, marks=[] if name == "soap_bpnn" else [pytest.mark.slow])
         for name in ARCHITECTURES
-    ]
-
-
-@pytest.mark.parametrize("name", compiled_cases())
+    ],
+)
 def test_the_compiled_step_gives_the_eager_predictions_and_gradients(name):
     """float64: batches of molecules and strained crystals (stress) of two sizes. A
     graph that would disagree is refused, and the step is eager."""
     atoms = [molecule(), crystal()]
     model = new_model(name, sorted({int(z) for each in atoms for z in each.numbers}))
-    compiled = CompiledPredictions(model, True, True, required=False)
+    compiler = None if name == "soap_bpnn" else without_code_generation
+    compiled = CompiledPredictions(model, True, True, required=False, compiler=compiler)
     parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
     keys = ("energy", "forces", "stress")
     for structures in (atoms, [atoms[1], atoms[0], atoms[1]]):
