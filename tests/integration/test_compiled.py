@@ -34,15 +34,20 @@ def weights(run):
     return torch.load(run / "last.ckpt", weights_only=True)["model_state"]
 
 
-def test_a_compiled_run_trains_the_eager_runs_model_and_resumes_exactly(tmp_path):
+@pytest.fixture(scope="module")
+def compiled_run(tmp_path_factory):
+    """A compiled run of two epochs, float64, with a checkpoint after each."""
+    directory = tmp_path_factory.mktemp("compiled")
+    code, run = train(directory, True, architecture__training__checkpoint_interval=1)
+    assert code == 0
+    return run
+
+
+def test_a_compiled_run_trains_the_eager_runs_model_and_resumes_exactly(tmp_path, compiled_run):
     """float64: the final weights of two epochs within 1e-8 of the eager run's; and
     resumed after its first epoch in a new process (which compiles again), the
     compiled run ends with the same weights (to 1e-12, as an eager resume)."""
     code, eager_run = train(tmp_path / "eager", False)
-    assert code == 0
-    code, compiled_run = train(
-        tmp_path / "compiled", True, architecture__training__checkpoint_interval=1
-    )
     assert code == 0
     log = (compiled_run / "train.log").read_text()
     assert "compiled the training step for batches of any size" in log
@@ -116,15 +121,15 @@ def test_the_compile_option_takes_auto_true_and_false_only(tmp_path, option, cap
 
 
 @pytest.mark.slow
-def test_two_compiled_processes_train_the_one_process_model(tmp_path):
+def test_two_compiled_processes_train_the_one_process_model(tmp_path, compiled_run):
     """--nproc 2 with the compiled step (each process compiles its own) against one
     process, float64: within 1e-8, as eager runs are (test_distributed)."""
-    code, one = train(tmp_path / "one", True)
-    assert code == 0
-    code, two = train(tmp_path / "two", True, "--nproc", "2")
+    code, two = train(
+        tmp_path / "two", True, "--nproc", "2", architecture__training__checkpoint_interval=1
+    )
     assert code == 0
     assert "compiled the training step" in (two / "train.log").read_text()
-    expected, found = weights(one), weights(two)
+    expected, found = weights(compiled_run), weights(two)
     for name, value in expected.items():
         if value.is_floating_point():
             scale = float(value.abs().max()) or 1.0
