@@ -36,6 +36,7 @@ from ..models import registry
 from ..models.architecture import Architecture
 from ..models.data_sizes import ProvidedSizes
 from ..models.energy_model import EnergyModel, mirrored_half
+from ..models.export import first_line
 from .evaluation import model_inputs, predict
 from .outputs import LOGGER_NAME
 from .padding import BatchShape, BatchSizes, batch_shape, batch_sizes, padded
@@ -198,11 +199,11 @@ def inductor_cache() -> Path:
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
-def first_line(error: BaseException) -> str:
+def described(error: BaseException) -> str:
     """The error's type and first line (dynamo's: those of the error it wraps)."""
     error = getattr(error, "inner_exception", None) or error
-    text = (str(error).strip().splitlines() or [""])[0]
-    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+    name, line = type(error).__name__, first_line(error)[:300]
+    return name if line == name else f"{name}: {line}"
 
 
 def python_twin(model: EnergyModel) -> EnergyModel:
@@ -277,7 +278,7 @@ class TracedStep:
                     _error_on_data_dependent_ops=True,
                 )(*[tensor.clone() for tensor in arguments])
         except Exception as error:  # tracing's errors have no common base
-            raise CompilationFailed(first_line(error)) from error
+            raise CompilationFailed(described(error)) from error
         return without_unused_reads(graph)
 
     def arguments(self, batch: Batch) -> list[torch.Tensor]:
@@ -408,7 +409,7 @@ class CompiledPredictions:
             except Exception as error:
                 if not type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
                     raise
-                self.fail(first_line(error), error)
+                self.fail(described(error), error)
         self.eager_batches += 1
         return predict(self.model, batch, self.forces, self.stress, True)
 

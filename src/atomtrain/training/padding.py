@@ -76,13 +76,12 @@ def padded(model: EnergyModel, batch: Batch) -> Batch:
     if n_pairs and not half:
         return batch
     added_pairs = bucket(half) - half
-    most = batch_sizes(model, batch).pairs_per_element
+    sizes = batch_sizes(model, batch)
     # the added atoms that hold the added pairs: as many as keep each one's pairs near
     # the batch's most per atom and element, so that the widths do not grow
+    most = sizes.pairs_per_element
     hosts = 0 if added_pairs == 0 else max(2, -(-2 * added_pairs // max(most, 1)))
-    n_types = len(model.atomic_types)
-    element_index = model.type_to_index.index_select(0, batch.atomic_numbers)
-    counts = torch.bincount(element_index, minlength=n_types).tolist()
+    counts = list(sizes.elements)
     counts[0] += hosts  # hosts are of the model's first element
     added_elements: list[int] = [0] * hosts
     for element, count in enumerate(counts):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data_sizes import most_pairs
+from ..data_sizes import most_pairs, occurrences
 from ..energy_model import EnergyModel
 from . import ARCHITECTURE_NAME
 from .library import import_pet
@@ -156,8 +156,7 @@ class PetModel(EnergyModel):
             factors = cutoff_functions.cutoff_func_cosine(
                 distances, pair_cutoffs, self.cutoff_width
             )
-        counts = torch.zeros(n_atoms, dtype=centers.dtype, device=centers.device)
-        counts = counts.scatter_add_(0, centers, torch.ones_like(centers))
+        counts = occurrences(centers, n_atoms)
         widest = most_pairs(counts, per_element=False)
         nef_indices, nef_to_edges, nef_mask = nef.get_nef_indices(centers, counts, widest)
         nef_vectors = nef.edge_array_to_nef(vectors, nef_indices)
