@@ -102,7 +102,12 @@ def main() -> None:
     atoms = ase.io.read(arguments.structure, index=0)
     # the extensions the model needs (sphericart) were collected beside it at export
     atoms.calc = MetatomicCalculator(
-        str(arguments.model), extensions_directory=str(arguments.model.parent / "extensions")
+        str(arguments.model),
+        extensions_directory=str(arguments.model.parent / "extensions"),
+        # metatomic-ase would otherwise compute the per-atom energy uncertainty of an
+        # atomtrain model (LLPR) at every step and warn above 0.1 eV; atomic energies are
+        # not observed, and their uncertainties exceed the structure's (docs/uncertainty.md)
+        uncertainty_threshold=None,
     )
     generator = np.random.default_rng(arguments.seed)
     # thermalize_momenta is ASE 3.29's name for MaxwellBoltzmannDistribution

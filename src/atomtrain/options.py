@@ -308,6 +308,13 @@ class TrainingOptions(Strict):
     error per atom can only fall. A loss led by forces leaves the energies of the chosen
     epoch off by a near-constant amount (MACE on ethanol: 4 to 18 meV/atom, 2.3 to 3.9
     after the refit, docs/performance-notes.md)."""
+    uncertainty: Literal["llpr", "none"] = "llpr"
+    """After training, the energy's uncertainty by LLPR (last-layer prediction rigidity,
+    Bigi et al. 2024, as metatrain's ``llpr``): the covariance of the features the
+    energy's last linear layers take, summed over the training set, and a regulariser
+    and multiplier fitted on the validation set (Gaussian likelihood of its errors). The
+    exported model then has metatomic's ``energy_uncertainty`` output (per structure and
+    per atom, in eV), and ``atomtrain eval`` writes it. ``none``: no uncertainty."""
     atomic_baseline: dict[int, float] = {}
     """Fixed per-element energies in eV ({atomic number: energy}); elements not
     listed are fitted by least squares on the training set. metatrain's form keyed by

@@ -26,6 +26,7 @@ from ..training.baseline import composition_rows
 from ..training.checkpoint import best_model, is_checkpoint
 from ..training.datasets import file_labels, read_files
 from ..training.evaluation import local_batches, predict
+from ..training.llpr import predicted_uncertainties
 from ..training.metrics import MetricSums, finalize
 from ..training.outputs import LOGGER_NAME, setup_logging
 from ..training.reports import metrics_table
@@ -155,12 +156,17 @@ def write_predictions(
 ) -> None:
     """The reference frames as they are in their files (every key kept), with the
     predictions beside them: ``predicted_energy`` (eV) and ``predicted_stress`` (eV/A^3,
-    Voigt order, ASE's sign) in the info, ``predicted_forces`` (eV/A) per atom."""
+    Voigt order, ASE's sign) in the info, ``predicted_forces`` (eV/A) per atom; for a
+    model with LLPR, ``energy_uncertainty`` (eV) in the info and each atom's
+    ``atomic_energy_uncertainty`` (eV)."""
     frames = [atoms for source, structures in files for atoms in frames_of(source, structures)]
     for atoms, predicted in zip(frames, predictions):
         if "energy" in predicted:
             atoms.info["predicted_energy"] = predicted["energy"]
             atoms.arrays["predicted_forces"] = predicted["forces"]
+        if "energy_uncertainty" in predicted:
+            atoms.info["energy_uncertainty"] = predicted["energy_uncertainty"]
+            atoms.arrays["atomic_energy_uncertainty"] = predicted["atomic_energy_uncertainty"]
         if "stress" in predicted:
             atoms.info["predicted_stress"] = predicted["stress"].reshape(9)[VOIGT]
         for name, values in predicted.get("targets", {}).items():
@@ -274,6 +280,7 @@ def predict_all(
     learns_energy = len(energies) > 0
     periodic = structures.fully_periodic()
     stress = bool(periodic.any()) and learns_energy
+    uncertain = learns_energy and bool(model.has_uncertainty())
     sums = MetricSums("cpu", targets)
     busy_cores = BusyCores.for_this_process()
     predictions: list[dict] = []
@@ -284,6 +291,8 @@ def predict_all(
         # and re-specialisation cost more than they gain here (measured).
         with torch.jit.optimized_execution(False):
             predicted = predict(model, batch, learns_energy, stress)
+            if uncertain:
+                per_structure, per_atom = predicted_uncertainties(model, batch)
         sums.accumulate(predicted, batch)
         decision = busy_cores.poll()
         if decision is not None and decision.message:
@@ -296,6 +305,9 @@ def predict_all(
                 entry["energy"] = float(predicted["energy"][position].detach())
                 forces = predicted["forces"][start : start + count]
                 entry["forces"] = forces.detach().double().numpy()
+            if uncertain:
+                entry["energy_uncertainty"] = float(per_structure[position])
+                entry["atomic_energy_uncertainty"] = per_atom[start : start + count].numpy()
             if stress and periodic[index]:
                 entry["stress"] = predicted["stress"][position].detach().double().numpy()
             for name, per_atom in learnt:
@@ -342,10 +354,41 @@ def run(arguments: argparse.Namespace) -> int:
         table = {whole: metrics, **(per_file if len(files) > 1 else {})}
         which = f"the best model of {arguments.model}" if from_checkpoint else str(arguments.model)
         logger.info(metrics_table(table, f"metrics of {which}"))
+        said = uncertainty_summary(structures, predictions)
+        if said:
+            logger.info(said)
         pairs = parity_pairs(structures, predictions)
         parity_plot(arguments.output.with_suffix(".png"), pairs)
     logger.info(f"wrote predictions for {len(structures)} structures to {arguments.output}")
     return 0
+
+
+def uncertainty_summary(structures, predictions) -> str:
+    """How the LLPR uncertainties compare with the errors where energies are known: the
+    root mean square of each, per atom, and the rank correlation of one with the other."""
+    known = [
+        (s, p)
+        for s, p in zip(structures, predictions)
+        if s.energy is not None and "energy_uncertainty" in p
+    ]
+    if len(known) < 2:
+        return ""
+    atoms = np.array([s.n_atoms for s, _ in known], dtype=np.float64)
+    errors = np.array([p["energy"] - s.energy for s, p in known]) / atoms
+    sigmas = np.array([p["energy_uncertainty"] for _, p in known]) / atoms
+    sigma, error = (1e3 * np.sqrt(np.mean(values**2)) for values in (sigmas, errors))
+    correlation = spearman(np.abs(errors), sigmas)
+    return (
+        f"energy uncertainty (LLPR): root mean square {sigma:.4g} meV/atom against an "
+        f"error of {error:.4g} meV/atom; Spearman rank correlation of |error| and "
+        f"uncertainty {correlation:.2f}"
+    )
+
+
+def spearman(first: np.ndarray, second: np.ndarray) -> float:
+    """Spearman's rank correlation (ties ranked by position: none in real numbers)."""
+    ranks = [np.argsort(np.argsort(values)).astype(np.float64) for values in (first, second)]
+    return float(np.corrcoef(ranks[0], ranks[1])[0, 1])
 
 
 def parity_pairs(structures, predictions) -> dict[str, tuple[list[float], list[float]]]:

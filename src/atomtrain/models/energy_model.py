@@ -75,6 +75,12 @@ class EnergyModel(torch.nn.Module):
         # a variant that learns its difference to the first energy (fine-tuning's
         # inherit_heads from it), per variant
         self.variant_relative: list[bool] = []
+        # LLPR (training/llpr.py): the last-layer features' covariance over the training
+        # set, the Cholesky factor of it regularised, and the calibrated multiplier of
+        # the uncertainties; empty until computed after training
+        self.register_buffer("llpr_covariance", torch.zeros((0, 0), dtype=torch.float64))
+        self.register_buffer("llpr_cholesky", torch.zeros((0, 0), dtype=torch.float64))
+        self.register_buffer("llpr_multiplier", torch.zeros((), dtype=torch.float64))
 
     @torch.jit.unused
     def attach_targets(
@@ -179,6 +185,22 @@ class EnergyModel(torch.nn.Module):
         if not with_energies:
             return features, None
         return features, self.energy_from_features(features, element_index)
+
+    def atomic_last_layer_features(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The architecture's unscaled energy of each atom [n_atoms] and the inputs of the
+        linear maps its energy ends in [n_atoms, width] (the energy is linear in the
+        weights of those maps: the "last layer" of LLPR), from one pass. Constant inputs
+        (a bias's one) are left out: an atom's one is not seen apart from the others'
+        in structures of one composition, and would give every atom a large
+        uncertainty there."""
+        raise NotImplementedError
 
     def set_precision(self, dtype: torch.dtype) -> EnergyModel:
         """The architecture's parameters in ``dtype``; the energy baseline and the sum of
@@ -286,6 +308,67 @@ class EnergyModel(torch.nn.Module):
         for index, head in enumerate(self.heads):
             results[self.target_names[index]] = head(features, element_index, vectors, matrices)
         return results
+
+    @torch.jit.export
+    def energies_and_last_layer_features(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        atomic_numbers: torch.Tensor,
+        mirrored: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each atom's energy in float64 [n_atoms], as atomic_energies gives it, and its
+        last-layer features in float64 [n_atoms, width]."""
+        element_index = self.type_to_index.index_select(0, atomic_numbers)
+        raw, features = self.atomic_last_layer_features(
+            edge_vectors, pair_first, pair_second, element_index, mirrored
+        )
+        energies = raw.to(torch.float64) * self.scale
+        energies = energies + self.baseline.index_select(0, element_index)
+        return energies, features.to(torch.float64)
+
+    @torch.jit.export
+    def has_uncertainty(self) -> bool:
+        """Whether LLPR was computed for this model (its uncertainties can be asked)."""
+        return self.llpr_cholesky.shape[0] > 0
+
+    @torch.jit.export
+    def uncertainties(self, features: torch.Tensor) -> torch.Tensor:
+        """The calibrated LLPR uncertainty (eV) of each prediction whose last-layer
+        features are a row of ``features`` [n, width] (an atom's, or a structure's sum):
+        multiplier * sqrt(f^T (C + r I)^-1 f)."""
+        solved = torch.linalg.solve_triangular(
+            self.llpr_cholesky, features.to(torch.float64).transpose(0, 1), upper=False
+        )
+        return self.llpr_multiplier * torch.sqrt((solved * solved).sum(0))
+
+    @torch.jit.unused
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+    ):
+        # the LLPR buffers take the stored shapes (empty until computed); a file from
+        # before LLPR has none, and is read as a model without uncertainties
+        for name in ("llpr_covariance", "llpr_cholesky", "llpr_multiplier"):
+            key = prefix + name
+            current = getattr(self, name)
+            if key in state_dict:
+                setattr(self, name, torch.zeros_like(state_dict[key], device=current.device))
+            else:
+                state_dict[key] = current
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+        )
+
+    @torch.jit.unused
+    def set_uncertainty(
+        self, covariance: torch.Tensor, cholesky: torch.Tensor, multiplier: float
+    ) -> None:
+        """The LLPR of this model (all empty: none)."""
+        device = self.baseline.device
+        self.llpr_covariance = covariance.to(device, torch.float64)
+        self.llpr_cholesky = cholesky.to(device, torch.float64)
+        self.llpr_multiplier = torch.tensor(float(multiplier), dtype=torch.float64, device=device)
 
     def atomic_energies(
         self,

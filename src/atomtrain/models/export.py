@@ -59,6 +59,13 @@ def atomistic_model(model: EnergyModel):
             description="potential energy"
             + ("" if name == "energy" else f" ({name.removeprefix('energy/')})"),
         )
+    if model.has_uncertainty():
+        outputs[uncertainty_name(model.energy_names[0])] = ModelOutput(
+            quantity="",
+            unit=model.energy_unit,
+            sample_kind="atom",  # per system by default, per atom on request
+            description="LLPR uncertainty of the potential energy (one standard deviation)",
+        )
     for spec in specs:
         outputs[spec.name] = ModelOutput(
             quantity="",
@@ -91,6 +98,12 @@ def atomistic_model(model: EnergyModel):
     )
     wrapper = MetatomicEnergy(inner, specs, list(model.energy_names))
     return AtomisticModel(wrapper.eval(), metadata, capabilities)
+
+
+def uncertainty_name(energy_name: str) -> str:
+    """metatomic's name of an energy's uncertainty: energy_uncertainty for energy,
+    energy_uncertainty/<variant> for energy/<variant>."""
+    return "energy_uncertainty" + energy_name.removeprefix("energy")
 
 
 def export(model: EnergyModel, path: str | Path) -> None:

@@ -37,6 +37,10 @@ class MetatomicEnergy(torch.nn.Module):
         self.energy_names = energy_names if energy_names is not None else ["energy"]
         # one energy and nothing else: the energy alone, as MD engines ask at every step
         self.energy_only = self.energy_names == ["energy"] and not specs
+        # the first energy's LLPR uncertainty, when the model has one ("" otherwise)
+        self.uncertainty_name = ""
+        if model.has_uncertainty():
+            self.uncertainty_name = "energy_uncertainty" + self.energy_names[0][len("energy") :]
         # the mtt:: targets' layouts (what target_map builds), in TorchScript's types
         specs = specs if specs is not None else []
         self.target_names: List[str] = [spec.name for spec in specs]
@@ -65,7 +69,8 @@ class MetatomicEnergy(torch.nn.Module):
         for name in outputs.keys():
             if name in self.energy_names or name in self.target_names:
                 wanted.append(name)
-        if len(wanted) == 0:
+        uncertain = self.uncertainty_name != "" and self.uncertainty_name in outputs
+        if len(wanted) == 0 and not uncertain:
             return {}
         device = systems[0].positions.device
         vectors: List[torch.Tensor] = []
@@ -85,6 +90,31 @@ class MetatomicEnergy(torch.nn.Module):
             offset += len(system)
         first = joined(firsts)
         second = joined(seconds)
+        results: Dict[str, TensorMap] = {}
+        if uncertain:
+            energies, features = self.model.energies_and_last_layer_features(
+                joined(vectors),
+                torch.cat([first, second]),
+                torch.cat([second, first]),
+                joined(types),
+                True,
+            )
+            per_atom = outputs[self.uncertainty_name].sample_kind == "atom"
+            values, samples = self.samples_of(
+                features, systems, starts, offset, per_atom, selected_atoms
+            )
+            sigma = self.model.uncertainties(values).unsqueeze(1)
+            results[self.uncertainty_name] = energy_map(sigma, samples)["energy"]
+            if self.energy_only and len(wanted) == 1:
+                # the energy from the same pass (ASE asks both at every step)
+                per_atom = outputs["energy"].sample_kind == "atom"
+                values, samples = self.samples_of(
+                    energies.reshape(-1, 1), systems, starts, offset, per_atom, selected_atoms
+                )
+                results["energy"] = energy_map(values, samples)["energy"]
+                return results
+            if len(wanted) == 0:
+                return results
         if self.energy_only:
             atomic = self.model.atomic_energies(
                 joined(vectors),
@@ -101,7 +131,8 @@ class MetatomicEnergy(torch.nn.Module):
             values, samples = self.samples_of(
                 atomic.reshape(-1, 1), systems, starts, offset, per_atom, selected_atoms
             )
-            return energy_map(values, samples)
+            results["energy"] = energy_map(values, samples)["energy"]
+            return results
         predictions = self.model.atomic_predictions(
             joined(vectors),
             torch.cat([first, second]),
@@ -109,7 +140,6 @@ class MetatomicEnergy(torch.nn.Module):
             joined(types),
             True,
         )
-        results: Dict[str, TensorMap] = {}
         for name in wanted:
             atomic = predictions[name]
             per_atom = outputs[name].sample_kind == "atom"

@@ -33,6 +33,7 @@ from .curves import CurvesInBackground
 from .datasets import Datasets
 from .evaluation import metric_sums
 from .experiment_logs import ExperimentLogs
+from .llpr import fit_llpr
 from .losses import batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
 from .outputs import (
@@ -490,6 +491,18 @@ class Trainer:
             refitted = self.model.learns_energy and refit_baseline(
                 self.model, self.datasets.training, self.options, context, self.dtype
             )
+        with self.phases.timed("uncertainty"):
+            said = fit_llpr(
+                self.model,
+                self.datasets.training,
+                self.datasets.validation,
+                self.training_options.uncertainty,
+                context,
+                self.training_options.batch_size,
+                self.dtype,
+            )
+        if said is not None:
+            logger.info(said)
         names: list[str] = []
         local: list[torch.Tensor] = []
         with self.phases.timed("final evaluation"):
@@ -515,7 +528,7 @@ class Trainer:
                     directory / "train.csv", directory / "learning_curves.png"
                 )
             with self.phases.timed("export"):
-                if refitted:
+                if refitted or self.model.has_uncertainty():
                     best = self.model.state_dict()  # once: MACE on cuequivariance converts it
                     for name in ("best.ckpt", "last.ckpt"):
                         replace_best_model(directory / name, best)

@@ -59,18 +59,30 @@ def new_mace(options: ModelOptions, atomic_types: list[int], average_neighbors: 
     ).to(torch.float64)
 
 
-def scalar_channels(mace: torch.nn.Module) -> torch.Tensor:
+def scalar_channels(mace: torch.nn.Module, products: int | None = None) -> torch.Tensor:
     """Positions of the 0e channels in MACE's node_feats (every product's output,
-    concatenated)."""
+    concatenated), of its first ``products`` products (all when None)."""
     positions: list[int] = []
     offset = 0
-    for product in mace.products:
+    for product in list(mace.products)[:products]:
         irreps = product.linear.irreps_out
         for (multiplicity, irrep), part in zip(irreps, irreps.slices()):
             if irrep.l == 0 and irrep.p == 1:
                 positions += range(offset + part.start, offset + part.start + multiplicity)
         offset += irreps.dim
     return torch.tensor(positions, dtype=torch.long)
+
+
+def readout_inputs(mace: torch.nn.Module) -> tuple[torch.Tensor, int]:
+    """What MACE's energy readouts take from node_feats: the 0e channels of every
+    interaction but the last (each read out by a linear map) when every interaction
+    has its readout, and where the last interaction's features start (read out by the
+    non-linear readout)."""
+    products = len(mace.products)
+    last_start = sum(product.linear.irreps_out.dim for product in list(mace.products)[:-1])
+    if len(mace.readouts) == 1:  # use_last_readout_only
+        return torch.zeros(0, dtype=torch.long), last_start
+    return scalar_channels(mace, products - 1), last_start
 
 
 class E3nnTwin:
@@ -111,6 +123,11 @@ class MaceModel(EnergyModel):
         # where the invariant (0e) channels of each interaction's node features sit in
         # MACE's node_feats: the features heads for mtt:: targets take
         self.register_buffer("scalar_features", scalar_channels(self.mace), persistent=False)
+        # the inputs of the energy's last layers (LLPR's features): the linear readouts'
+        # 0e channels and the non-linear readout's hidden layer
+        linear_inputs, last_start = readout_inputs(self.mace)
+        self.register_buffer("linear_readout_inputs", linear_inputs, persistent=False)
+        self.last_interaction_start = last_start
         self.node_features = sum(product.linear.irreps_out.dim for product in self.mace.products)
         # a model read from a file keeps its E0s inside MACE; the baseline stays zero
 
@@ -217,6 +234,26 @@ class MaceModel(EnergyModel):
         if not with_energies:
             return features, None
         return features, energies
+
+    def atomic_last_layer_features(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """MACE's node energies and the inputs of its readouts' last linear maps: the 0e
+        channels the linear readouts take, and the non-linear readout's hidden layer."""
+        outputs = self.run_mace(edge_vectors, pair_first, pair_second, element_index, mirrored)
+        features = outputs["node_feats"]
+        energies = outputs["node_energy"]
+        assert features is not None and energies is not None
+        readout = self.mace.readouts[-1]
+        last = features[:, self.last_interaction_start :]
+        hidden = readout.non_linearity(readout.linear_1(last))
+        parts = [features.index_select(1, self.linear_readout_inputs), hidden]
+        return energies, torch.cat(parts, dim=1)
 
     def run_mace(
         self,

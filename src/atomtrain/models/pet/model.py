@@ -96,6 +96,34 @@ class PetModel(EnergyModel):
             return features, None
         return features, self.energies_of(inputs, nodes, edges, element_index)
 
+    def atomic_last_layer_features(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """PET's energy of each atom and, as metatrain's LLPR takes them, the inputs of
+        its energy's last layers: per readout layer, the node head's output and the
+        cutoff-weighted sum of the edge head's outputs."""
+        inputs, nodes, edges = self.run_pet(
+            edge_vectors, pair_first, pair_second, element_index, mirrored
+        )
+        cells = torch.zeros((0, 3, 3), dtype=nodes[0].dtype, device=nodes[0].device)
+        atomic, node_last, edge_last = self.pet.predict(
+            nodes, edges, inputs, cells, element_index, ["energy"]
+        )
+        weights = inputs["cutoff_factors"].unsqueeze(-1)
+        parts: list[torch.Tensor] = []
+        for node, edge in zip(node_last["energy"], edge_last["energy"]):
+            parts.append(node)
+            parts.append((edge * weights).sum(dim=1))
+        # the edge layers' biases enter as the sum of the weights (the node layers',
+        # constants, are left out as every architecture's are: see EnergyModel)
+        parts.append(weights.sum(dim=1))
+        return atomic["energy"][0].reshape(-1), torch.cat(parts, dim=1)
+
     def run_pet(
         self,
         edge_vectors: torch.Tensor,

@@ -50,6 +50,7 @@ class ElementNetworks(torch.nn.Module):
         self.networks = torch.nn.ModuleList(
             [element_network(n_inputs, n_hidden_layers, n_neurons) for _ in range(n_elements)]
         )
+        self.depth = 2 * n_hidden_layers + 1  # modules in each network, its last the output
 
     def forward(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
         if len(self.networks) == 1:  # one element: no sorting by element
@@ -63,3 +64,20 @@ class ElementNetworks(torch.nn.Module):
             energies.append(network(rows[element]).reshape(-1))
         sorted_energies = torch.cat(energies)
         return torch.zeros_like(sorted_energies).index_copy(0, order, sorted_energies)
+
+    def last_layer_features(
+        self, features: torch.Tensor, element_index: torch.Tensor
+    ) -> torch.Tensor:
+        """[atoms, elements x hidden]: each atom's input of its element's output layer
+        (its last hidden layer) in that element's columns, zero in the others. An atom's
+        energy is the dot product of this row with all output layers' weights (and its
+        element's bias), so these are LLPR's last-layer features."""
+        blocks: list[torch.Tensor] = []
+        for element, network in enumerate(self.networks):
+            hidden = features
+            for position, layer in enumerate(network):
+                if position < self.depth - 1:
+                    hidden = layer(hidden)
+            chosen = (element_index == element).to(hidden.dtype).unsqueeze(1)
+            blocks.append(hidden * chosen)
+        return torch.cat(blocks, dim=1)

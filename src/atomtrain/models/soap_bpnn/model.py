@@ -85,3 +85,17 @@ class SoapBpnn(EnergyModel):
             edge_vectors, pair_first, pair_second, element_index, mirrored
         )
         return self.energy_from_features(features, element_index)
+
+    def atomic_last_layer_features(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        element_index: torch.Tensor,
+        mirrored: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.atomic_features(
+            edge_vectors, pair_first, pair_second, element_index, mirrored
+        )
+        energies = self.networks(features, element_index)
+        return energies, self.networks.last_layer_features(features, element_index)
