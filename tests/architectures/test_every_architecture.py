@@ -10,6 +10,7 @@ SMALL_SECTIONS when its defaults are slow.
 - energies invariant under translation and a permutation of the atoms;
 - forces and stress equal finite differences of the energy;
 - a float32 model gives the float64 model's energies to float32 precision;
+- the energy is linear in the last-layer features LLPR takes (training/llpr.py);
 - the compiled training step (training/compiled.py) gives the eager step's energies,
   forces, stress and parameter gradients to 1e-10 (SOAP-BPNN for two batch sizes from
   one compilation), or is
@@ -234,6 +235,44 @@ def test_the_compiled_step_gives_the_eager_predictions_and_gradients(name):
     else:
         assert "disagrees with the eager one" in compiled.failed
         assert compiled.eager_batches == 2
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_the_energy_is_linear_in_its_last_layer_features(name):
+    """LLPR's features are the inputs of the energy's last linear layers: each atom's
+    unscaled energy is a linear function of them, plus a constant per element, found by
+    least squares to float64 precision on more atoms than features."""
+    torch.manual_seed(3)
+    model = new_model(name, [1, 6, 8])
+    frames = ase.io.read(ETHANOL, index=":40")
+    batch = collate([structure_from_atoms(atoms) for atoms in frames], model.cutoff)
+    vectors, half = model.edge_geometry(
+        batch.positions,
+        batch.cell,
+        batch.system_index,
+        batch.pair_first,
+        batch.pair_second,
+        batch.cell_shifts,
+    )
+    with torch.no_grad():
+        energies, features = model.energies_and_last_layer_features(
+            vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
+        )
+        expected = model.atomic_energies(
+            vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
+        )
+    assert torch.equal(energies, expected)
+    element = model.type_to_index[batch.atomic_numbers]
+    raw = (energies - model.baseline[element]) / model.scale
+    design = torch.cat([features, torch.nn.functional.one_hot(element).double()], dim=1)
+    assert design.shape[0] > 2 * design.shape[1]
+    solution = torch.linalg.lstsq(design, raw.unsqueeze(1), driver="gelsd").solution
+    residual = (design @ solution).squeeze(1) - raw
+    assert float(residual.abs().max()) <= 1e-9 * float(raw.abs().max())
+    # and not trivially so: these columns do not fit any numbers
+    noise = torch.randn_like(raw)
+    solution = torch.linalg.lstsq(design, noise.unsqueeze(1), driver="gelsd").solution
+    assert float(((design @ solution).squeeze(1) - noise).abs().max()) > 0.1
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

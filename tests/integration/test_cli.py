@@ -558,7 +558,8 @@ def test_finetuning_starts_from_the_best_model_of_a_run(tmp_path, trained, start
     pretrained = checkpoint_weights(run / "best.ckpt")
     weights = torch.load(finetuned / "last.ckpt", weights_only=True)["model_state"]
     for name, value in pretrained.items():
-        torch.testing.assert_close(weights[name], value, rtol=0.0, atol=1e-9)
+        if not name.startswith("llpr_"):  # LLPR is computed again at the end of a run
+            torch.testing.assert_close(weights[name], value, rtol=0.0, atol=1e-9)
 
 
 def test_finetuning_learning_rate_is_a_tenth_unless_set(tmp_path, trained):

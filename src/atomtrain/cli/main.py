@@ -14,7 +14,7 @@ from ..distributed.faults import PeerFailure
 from ..errors import AtomtrainError
 from ..models import registry
 from ..runtime import keep_freed_memory
-from ..training.outputs import LOGGER_NAME
+from ..training.outputs import LOGGER_NAME, close_logging
 from ..training.phases import mark_command_start
 from . import convert as convert_command
 from . import eval as eval_command
@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("ATOMTRAIN_DEBUG"):
             raise
         return EXIT_INTERNAL_ERROR
+    finally:
+        if argv is not None:  # called in-process (a notebook, the tests): its logging back
+            close_logging()
 
 
 def entry() -> None:

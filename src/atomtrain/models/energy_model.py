@@ -36,6 +36,10 @@ def mirrored_half(
     return 0
 
 
+# the buffers of a model's LLPR (none in its state_dict until computed)
+LLPR_BUFFERS = ("llpr_covariance", "llpr_cholesky", "llpr_multiplier")
+
+
 class EnergyModel(torch.nn.Module):
     """E = scale * sum_i f(environment of i) + sum_i baseline_{Z_i}."""
 
@@ -344,18 +348,25 @@ class EnergyModel(torch.nn.Module):
         return self.llpr_multiplier * torch.sqrt((solved * solved).sum(0))
 
     @torch.jit.unused
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if not self.has_uncertainty():  # a state without LLPR is as before LLPR existed
+            for name in LLPR_BUFFERS:
+                destination.pop(prefix + name, None)
+
+    @torch.jit.unused
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
     ):
-        # the LLPR buffers take the stored shapes (empty until computed); a file from
-        # before LLPR has none, and is read as a model without uncertainties
-        for name in ("llpr_covariance", "llpr_cholesky", "llpr_multiplier"):
+        # the LLPR buffers take the stored shapes; a state without them (a model without
+        # LLPR) leaves the model without uncertainties, whatever it had
+        for name in LLPR_BUFFERS:
             key = prefix + name
             current = getattr(self, name)
-            if key in state_dict:
-                setattr(self, name, torch.zeros_like(state_dict[key], device=current.device))
-            else:
-                state_dict[key] = current
+            empty = torch.zeros((0, 0) if current.dim() else (), dtype=torch.float64)
+            stored = state_dict.get(key, empty)
+            setattr(self, name, torch.zeros_like(stored, device=current.device))
+            state_dict[key] = stored
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
         )

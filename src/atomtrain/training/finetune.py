@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from pydantic import BaseModel
 
 from ..errors import AtomtrainError, OptionsError
@@ -18,9 +19,18 @@ from .setup import starting_point
 
 
 def pretrained_model(path: str, architecture_name: str) -> EnergyModel:
-    """The model to fine-tune: a checkpoint's best model (.ckpt), a file of the
-    architecture's own program (mace_run_train's .model), or an exported model with the
-    hyperparameters that export stores beside its code."""
+    """The model to fine-tune (see read_pretrained), without its LLPR uncertainty: that
+    belongs to the weights it was computed for, and is computed again at the end."""
+    model = read_pretrained(path, architecture_name)
+    empty = torch.zeros((0, 0), dtype=torch.float64)
+    model.set_uncertainty(empty, empty, 0.0)
+    return model
+
+
+def read_pretrained(path: str, architecture_name: str) -> EnergyModel:
+    """A checkpoint's best model (.ckpt), a file of the architecture's own program
+    (mace_run_train's .model), or an exported model with the hyperparameters that export
+    stores beside its code."""
     architecture = registry.architecture(architecture_name)
     if architecture.read_file is not None and Path(path).suffix == ".model":
         return architecture.read_file(path)

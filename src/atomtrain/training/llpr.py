@@ -10,10 +10,11 @@ uncertainty is ``multiplier * sqrt(f^T (C + r I)^-1 f)``, where:
   share, and one all-reduce gives every number of processes the same matrix, to the
   rounding of the sum's order.
 * ``r`` is the smallest regulariser (relative to C's mean diagonal, from 1e-12 up by
-  tens) that makes C + r I positive definite, as metatrain chooses it (from 1e-20,
-  absolute). A larger one would fit in-distribution validation errors as well or
-  better, but loses what LLPR is for: measured on silicon trained on bulk structures,
-  surfaces had 6x the bulk's uncertainty at r = 1e-12 and less than the bulk's at 1.
+  tens; 1e-9 for a float32 model) that makes C + r I positive definite, as metatrain
+  chooses it (from 1e-20, absolute). A larger one would fit in-distribution validation
+  errors as well or better, but loses what LLPR is for: measured on silicon trained on
+  bulk structures, surfaces had 6x the bulk's uncertainty at r = 1e-12 and less than
+  the bulk's at 1.
 * The multiplier is fitted on the validation set, by the Gaussian likelihood of its
   energy errors: sqrt(mean(error^2 / u^2)) (``u``: the uncalibrated uncertainty), from
   sums and a count over every process's share.
@@ -35,13 +36,17 @@ from ..data.frames import FrameSet
 from ..distributed import Context
 from ..errors import AtomtrainError
 from ..models.energy_model import EnergyModel
-from .baseline import by_energy, local_share
+from .baseline import local_share
 from .evaluation import local_batches
 
 logger = logging.getLogger(__name__)
 
-# regularisers tried, times C's mean diagonal
-RELATIVE_REGULARIZERS = tuple(10.0**exponent for exponent in range(-12, 3))
+# regularisers tried, times C's mean diagonal, from the smallest a model's precision
+# allows: rounding of relative size eps in the features adds about eps^2 x width / r to
+# an uncertainty^2, relative, so a float32 model starts at 1e-9 (measured: the engine's
+# and eval's rounding gave uncertainties 7e-6 apart at 1e-12, float32)
+SMALLEST_REGULARIZER = {torch.float64: -12, torch.float32: -9}
+LARGEST_REGULARIZER = 2
 
 
 def atomic_last_layer(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,25 +103,6 @@ def covariance_sum(
     return context.all_reduce_sum(covariance)
 
 
-def calibration_data(
-    model: EnergyModel, structures: FrameSet, context: Context, batch_size: int, dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's share of ``structures`` with a known energy: (errors [n], features
-    [n, width])."""
-    errors, features = [], []
-    for batch in shares(structures, model, context, batch_size, dtype):
-        if batch.energy is None:
-            continue
-        predicted, summed = structure_features(model, batch)
-        error = predicted - batch.energy.to(predicted)
-        known = torch.isfinite(error)
-        errors.append(error[known])
-        features.append(summed[known])
-    if not errors:
-        return torch.zeros(0, dtype=torch.float64), torch.zeros((0, 0), dtype=torch.float64)
-    return torch.cat(errors), torch.cat(features)
-
-
 def regularized_cholesky(covariance: torch.Tensor, relative: float) -> torch.Tensor | None:
     """The Cholesky factor of C + r I (r = ``relative`` x C's mean diagonal), None
     where C + r I is not positive definite to float64."""
@@ -130,10 +116,13 @@ def regularized_cholesky(covariance: torch.Tensor, relative: float) -> torch.Ten
     return factor if int(info) == 0 else None
 
 
-def smallest_regularizer(covariance: torch.Tensor) -> tuple[float, torch.Tensor]:
-    """The smallest of RELATIVE_REGULARIZERS that makes C + r I positive definite to
-    float64, and the Cholesky factor then."""
-    for relative in RELATIVE_REGULARIZERS:
+def smallest_regularizer(
+    covariance: torch.Tensor, dtype: torch.dtype
+) -> tuple[float, torch.Tensor]:
+    """The smallest power of ten from SMALLEST_REGULARIZER of the features' ``dtype`` up
+    that makes C + r I positive definite to float64, and the Cholesky factor then."""
+    for exponent in range(SMALLEST_REGULARIZER.get(dtype, -9), LARGEST_REGULARIZER + 1):
+        relative = 10.0**exponent
         factor = regularized_cholesky(covariance, relative)
         if factor is not None:
             return relative, factor
@@ -143,14 +132,28 @@ def smallest_regularizer(covariance: torch.Tensor) -> tuple[float, torch.Tensor]
     )
 
 
-def calibration_sums(factor: torch.Tensor, errors: torch.Tensor, features: torch.Tensor):
-    """This rank's sum of error^2/u^2 (u: the uncalibrated uncertainty) and its count."""
-    if len(errors) == 0:
-        return torch.zeros(2, dtype=torch.float64, device=factor.device)
-    solved = torch.linalg.solve_triangular(factor, features.T, upper=False)
-    variance = (solved * solved).sum(0).clamp_min(1e-300)
-    count = torch.tensor(float(len(errors)), dtype=torch.float64, device=errors.device)
-    return torch.stack([(errors * errors / variance).sum(), count])
+def calibration_sums(
+    model: EnergyModel,
+    factor: torch.Tensor,
+    structures: FrameSet,
+    context: Context,
+    batch_size: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """This rank's sum of error^2/u^2 (u: the uncalibrated uncertainty) over its share of
+    ``structures`` with a known energy, and their count, batch by batch."""
+    sums = torch.zeros(2, dtype=torch.float64, device=context.device)
+    for batch in shares(structures, model, context, batch_size, dtype):
+        if batch.energy is None:
+            continue
+        predicted, features = structure_features(model, batch)
+        errors = predicted - batch.energy.to(predicted)
+        known = torch.isfinite(errors)
+        solved = torch.linalg.solve_triangular(factor, features[known].T, upper=False)
+        variance = (solved * solved).sum(0).clamp_min(1e-300)
+        ratio = (errors[known] * errors[known] / variance).sum()
+        sums += torch.stack([ratio, known.sum().to(torch.float64)])
+    return sums
 
 
 def fit_llpr(
@@ -168,8 +171,10 @@ def fit_llpr(
     model.set_uncertainty(empty, empty, 0.0)
     if uncertainty == "none" or not model.learns_energy:
         return None
-    training = by_energy(training, model)[0][2]
-    validation = by_energy(validation, model)[0][2]
+    if len(model.energy_names) > 1:
+        # metatomic engines pick energy_uncertainty/<variant> with energy/<variant>:
+        # the first energy's alone would be taken for every variant's
+        return "no LLPR uncertainty: it is computed for models of one energy (no variants)"
     if not len(training):
         return None
     calibration, calibration_name = validation, "validation"
@@ -179,13 +184,11 @@ def fit_llpr(
     model.eval()
     try:
         covariance = covariance_sum(model, training, context, batch_size, dtype)
-        errors, features = calibration_data(model, calibration, context, batch_size, dtype)
+        relative, factor = smallest_regularizer(covariance, dtype)
+        sums = calibration_sums(model, factor, calibration, context, batch_size, dtype)
     finally:
         model.train(was_training)
-    if features.shape[1] == 0:
-        features = features.new_zeros((0, covariance.shape[0]))
-    relative, factor = smallest_regularizer(covariance)
-    ratio, count = context.all_reduce_sum(calibration_sums(factor, errors, features)).tolist()
+    ratio, count = context.all_reduce_sum(sums).tolist()
     if not count > 0 or not ratio > 0:
         return (
             "no LLPR uncertainty: its calibration found no structure with a known energy "

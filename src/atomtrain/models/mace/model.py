@@ -74,15 +74,23 @@ def scalar_channels(mace: torch.nn.Module, products: int | None = None) -> torch
 
 
 def readout_inputs(mace: torch.nn.Module) -> tuple[torch.Tensor, int]:
-    """What MACE's energy readouts take from node_feats: the 0e channels of every
-    interaction but the last (each read out by a linear map) when every interaction
-    has its readout, and where the last interaction's features start (read out by the
-    non-linear readout)."""
-    products = len(mace.products)
-    last_start = sum(product.linear.irreps_out.dim for product in list(mace.products)[:-1])
-    if len(mace.readouts) == 1:  # use_last_readout_only
-        return torch.zeros(0, dtype=torch.long), last_start
-    return scalar_channels(mace, products - 1), last_start
+    """What MACE's energy readouts take from node_feats: the 0e channels of each
+    interaction read out by a linear map, and where the last interaction's features
+    start (a non-linear readout's input)."""
+    products = list(mace.products)
+    starts = [0]
+    for product in products:
+        starts.append(starts[-1] + product.linear.irreps_out.dim)
+    positions: list[torch.Tensor] = []
+    for index, readout in enumerate(mace.readouts):
+        interaction = len(products) - 1 if len(mace.readouts) == 1 else index
+        if not hasattr(readout, "non_linearity"):
+            before = scalar_channels(mace, interaction)
+            upto = scalar_channels(mace, interaction + 1)
+            positions.append(upto[len(before) :])
+    if not positions:
+        return torch.zeros(0, dtype=torch.long), starts[-2]
+    return torch.cat(positions), starts[-2]
 
 
 class E3nnTwin:
@@ -249,10 +257,11 @@ class MaceModel(EnergyModel):
         features = outputs["node_feats"]
         energies = outputs["node_energy"]
         assert features is not None and energies is not None
+        parts = [features.index_select(1, self.linear_readout_inputs)]
         readout = self.mace.readouts[-1]
-        last = features[:, self.last_interaction_start :]
-        hidden = readout.non_linearity(readout.linear_1(last))
-        parts = [features.index_select(1, self.linear_readout_inputs), hidden]
+        if hasattr(readout, "non_linearity"):  # resolved when scripted, as in Python
+            last = features[:, self.last_interaction_start :]
+            parts.append(readout.non_linearity(readout.linear_1(last)))
         return energies, torch.cat(parts, dim=1)
 
     def run_mace(
