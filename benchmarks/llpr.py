@@ -113,6 +113,8 @@ def report(name: str, errors: np.ndarray, sigmas: np.ndarray, kinds: np.ndarray,
     print(f"{name}: Spearman(|error|, uncertainty) {spearman(np.abs(errors), sigmas):.2f}; {cost}")
     for kind in ("AIMD-NVT", "Elastic", "Vacancy", "Surface"):
         chosen = kinds == kind
+        if not chosen.any():
+            continue
         print(
             f"  {kind:9s} ({chosen.sum():2d}): |error| {1e3 * np.abs(errors[chosen]).mean():7.2f} "
             f"meV/atom, uncertainty {1e3 * sigmas[chosen].mean():7.2f} meV/atom"

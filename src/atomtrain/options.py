@@ -738,6 +738,14 @@ class DatasetOptions(Strict):
     (e.g. "weight", as mace_run_train's config_type_weights and fairchem's per-data-set
     weights give it), multiplying the section's; structures of weight 0 are not trained
     on."""
+    pseudo_labels: bool = False
+    """Training sets, when fine-tuning: label this section's structures with the
+    fine-tuning start's own predictions (energy, forces, and stress of periodic
+    structures) before training, whatever the file holds: replay for a foundation model
+    whose own training data are not at hand, so that fine-tuning keeps what it knew
+    there. Give the section its own energy variant (``targets: {energy/pretrained:
+    {key: energy}}``) to train it on a head of its own, as MACE's multi-head fine-tuning
+    does, and a weight."""
     epoch_fraction: Annotated[float, Field(ge=0)] = 1.0
     """Training sets: how often each of this section's structures is seen per epoch, on
     average: 1 once; 0.25 a quarter of them, chosen anew each epoch from the seed; 2

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from ..data.extxyz import TargetKeys, Units
 from ..data.frames import FrameSet
 from ..data.reading import read_structures
 from ..data.split import split_indices
-from ..errors import DataError
+from ..errors import DataError, OptionsError
 from ..options import DatasetOptions, Options
 
 
@@ -142,9 +143,12 @@ def known_elements(options: Options, training: FrameSet, sources: str) -> tuple[
     )
 
 
-def load_datasets(options: Options, seed: int) -> Datasets:
+def load_datasets(
+    options: Options, seed: int, label: Callable[[str, FrameSet], None] | None = None
+) -> Datasets:
     """Read the files, split off fractions of each training file (with ``seed`` plus the
-    file's position in the list), check the result is usable."""
+    file's position in the list), check the result is usable. ``label``: what gives the
+    structures of a ``pseudo_labels`` section (its file, its structures) their labels."""
     sources = ", ".join(dataset.systems.read_from for dataset in options.training_set)
     fractions = [
         value if isinstance(value, float) else 0.0
@@ -159,7 +163,15 @@ def load_datasets(options: Options, seed: int) -> Datasets:
     shares: list[tuple[int, int, float]] = []
     start, left_out = 0, 0
     for position, dataset in enumerate(options.training_set):
-        structures = read_dataset(dataset)
+        structures = read_dataset(dataset, require_energy=not dataset.pseudo_labels)
+        if dataset.pseudo_labels:
+            if label is None:
+                raise OptionsError(
+                    f"training_set: {dataset.systems.read_from} has pseudo_labels: true, "
+                    "but the run starts from no model to label it; set "
+                    "architecture.training.finetune.read_from, or remove pseudo_labels"
+                )
+            label(dataset.systems.read_from, structures)
         indices = split_indices(len(structures), fractions, seed + position)
         record = dict(zip(files, indices))
         for part, chosen in record.items():
@@ -176,6 +188,12 @@ def load_datasets(options: Options, seed: int) -> Datasets:
         split.append({"file": dataset.systems.read_from, **record})
     for part, section in (("validation", options.validation_set), ("test", options.test_set)):
         if isinstance(section, list):
+            for dataset in section:
+                if dataset.pseudo_labels:
+                    raise OptionsError(
+                        f"{part}_set: {dataset.systems.read_from} has pseudo_labels: true, "
+                        "which only a training_set section takes; remove it"
+                    )
             files[part] = read_files(section)
     joined = {
         part: FrameSet.joined([structures for _, structures in entries])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from .experiment_logs import check_logging
 from .freezing import freeze_for_method
 from .new_heads import extend_heads, heads_to_fit
 from .outputs import LOGGER_NAME
+from .pseudo_labels import pseudo_label
 from .reports import describe_data, describe_training
 from .sanity import check_training_data
 from .work import average_neighbors
@@ -259,6 +261,27 @@ class Prepared:
     survey_warnings: int = 0  # what the data survey warned of
 
 
+def labeller(
+    pretrained: EnergyModel | None, context: Context, options: Options
+) -> Callable[[str, FrameSet], None] | None:
+    """What labels a pseudo_labels section: the fine-tuning start (None: no start)."""
+    if pretrained is None:
+        return None
+    batch_size = options.architecture.training.batch_size
+
+    def label(source: str, structures: FrameSet) -> None:
+        unknown = structures.elements() - set(pretrained.atomic_types)
+        if unknown:
+            raise DataError(
+                f"{source}: atomic numbers {sorted(unknown)} are not among those the model "
+                f"fine-tuned from knows ({pretrained.atomic_types}), so it cannot label "
+                "them (pseudo_labels); remove those structures"
+            )
+        pseudo_label(structures, pretrained, context, batch_size)
+
+    return label
+
+
 def prepare(
     options: Options,
     context: Context,
@@ -280,7 +303,7 @@ def prepare(
             f"architecture {options.architecture.name} cannot learn targets other than the "
             f"energy yet ({', '.join(spec.name for spec in specs)}); use soap_bpnn"
         )
-    datasets = load_datasets(options, seed)
+    datasets = load_datasets(options, seed, labeller(pretrained, context, options))
     logger.info(describe_data(datasets))
     check_selection_metric(
         options.architecture.training.best_model_metric, validated_errors(datasets.validation)
