@@ -9,7 +9,9 @@ a quarter of them held back as the old test set); the new task is the fourth, Va
 20 structures drawn at random to fine-tune on, the other 37 as the new test set. Each
 fine-tuning run starts from the pretrained best model; with replay, ``--replay``
 structures drawn from the pretraining set are a second training file beside the new
-one (the same head: the same level of theory). Prints, for the pretrained model and
+one (the same head: the same level of theory); with pseudo-labelled replay, the same
+structures without their labels are a ``pseudo_labels`` section, labelled by the
+pretrained model before fine-tuning. Prints, for the pretrained model and
 each run, the energy and force RMSE on the new and the old test sets (atomtrain eval)
 and the run's wall time.
 A benchmark: it measures and prints.
@@ -48,16 +50,24 @@ def split(work: Path, replay: int) -> dict[str, Path]:
     # above the later ones): shuffled, the 20 fine-tuned on are like the 37 tested on
     random.Random(2).shuffle(new)
     held = len(old) // 4
+    replayed = random.Random(1).sample(old[held:], replay)
     return {
         "old_train": write(work / "old_train.xyz", old[held:]),
         "old_test": write(work / "old_test.xyz", old[:held]),
         "new_train": write(work / "new_train.xyz", new[:20]),
         "new_test": write(work / "new_test.xyz", new[20:]),
-        "replay": write(work / "replay.xyz", random.Random(1).sample(old[held:], replay)),
+        "replay": write(work / "replay.xyz", replayed),
+        "unlabelled": write(work / "unlabelled.xyz", [unlabelled(atoms) for atoms in replayed]),
     }
 
 
+def unlabelled(atoms: ase.Atoms) -> ase.Atoms:
+    return ase.Atoms(atoms.numbers, atoms.positions, cell=atoms.cell, pbc=atoms.pbc)
+
+
 def data_section(path: Path) -> dict:
+    if path.stem == "unlabelled":
+        return {"systems": str(path), "pseudo_labels": True}
     targets = {"energy": {"key": "energy", "unit": "eV", "forces": True, "stress": True}}
     return {"systems": str(path), "targets": targets}
 
@@ -133,11 +143,12 @@ def main() -> None:
 
     show("pretrained", pretrained, 0.0)
     for method in ("full", "heads", "lora"):
-        for replay in (False, True):
-            label = f"{method}{' + replay' if replay else ''}"
-            data = [files["new_train"], *([files["replay"]] if replay else [])]
+        for replay in ("", "replay", "unlabelled"):
+            name = {"replay": " + replay", "unlabelled": " + pseudo-labels"}.get(replay, "")
+            label = f"{method}{name}"
+            data = [files["new_train"], *([files[replay]] if replay else [])]
             finetune = {"read_from": str(pretrained), "method": method}
-            directory = work / label.replace(" + ", "_")
+            directory = work / label.replace(" + ", "_").replace("-", "_")
             checkpoint, seconds = train(
                 directory, arguments.architecture, data, arguments.finetune_epochs, finetune
             )

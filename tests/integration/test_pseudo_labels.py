@@ -61,10 +61,20 @@ def file_row(log: str, name: str) -> list[float]:
     return [float(value) for value in found[1].split()]
 
 
-def test_a_pseudo_labelled_section_is_labelled_by_the_fine_tuning_start(tmp_path, pretrained):
+@pytest.mark.parametrize("own_head", [False, True])
+def test_a_pseudo_labelled_section_is_labelled_by_the_fine_tuning_start(
+    tmp_path, pretrained, own_head
+):
     """At a learning rate of 1e-12 the model stays the pretrained one, so on the replay
-    section, labelled by that model, its errors vanish; on the DFT section they do not."""
+    section, labelled by that model, its errors vanish; on the DFT section they do not.
+    With a head of its own (an energy variant started from the energy's), likewise."""
     options = replay_options(tmp_path, pretrained)
+    if own_head:
+        settings = yaml.safe_load(options.read_text())
+        settings["training_set"][1]["targets"] = {"energy/pretrained": {"key": "energy"}}
+        finetune = settings["architecture"]["training"]["finetune"]
+        finetune["inherit_heads"] = {"energy/pretrained": "energy"}
+        options.write_text(yaml.safe_dump(settings))
     assert main(["train", str(options), "--outputs", str(tmp_path / "outputs")]) == 0
     (run,) = run_directories(tmp_path / "outputs")
     log = (run / "train.log").read_text()
