@@ -46,6 +46,7 @@ from atomtrain.models.export import load_exported
 from atomtrain.training.checkpoint import best_model, load_checkpoint
 from atomtrain.training.compiled import CompiledPredictions
 from atomtrain.training.evaluation import predict
+from atomtrain.training.llpr import atomic_last_layer
 
 from conftest import RESOURCES
 from helpers import (
@@ -74,6 +75,10 @@ def new_model(name: str, atomic_types: list[int], dtype=torch.float64, seed: int
     model = model.set_precision(dtype)
     model.set_baseline(torch.linspace(-3.0, -1.0, len(atomic_types)), 0.7)
     return model
+
+
+def frames_as_structures(frames):
+    return [structure_from_atoms(atoms) for atoms in frames]
 
 
 def molecule() -> ase.Atoms:
@@ -245,23 +250,11 @@ def test_the_energy_is_linear_in_its_last_layer_features(name):
     torch.manual_seed(3)
     model = new_model(name, [1, 6, 8])
     frames = ase.io.read(ETHANOL, index=":40")
-    batch = collate([structure_from_atoms(atoms) for atoms in frames], model.cutoff)
-    vectors, half = model.edge_geometry(
-        batch.positions,
-        batch.cell,
-        batch.system_index,
-        batch.pair_first,
-        batch.pair_second,
-        batch.cell_shifts,
-    )
-    with torch.no_grad():
-        energies, features = model.energies_and_last_layer_features(
-            vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
-        )
-        expected = model.atomic_energies(
-            vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
-        )
-    assert torch.equal(energies, expected)
+    batch = collate(frames_as_structures(frames), model.cutoff)
+    energies, features = atomic_last_layer(model, batch)
+    expected = run_model(model, frames_as_structures(frames), forces=False)["energy"]
+    totals = torch.zeros_like(expected).index_add(0, batch.system_index, energies)
+    torch.testing.assert_close(totals, expected, rtol=1e-14, atol=0)
     element = model.type_to_index[batch.atomic_numbers]
     raw = (energies - model.baseline[element]) / model.scale
     design = torch.cat([features, torch.nn.functional.one_hot(element).double()], dim=1)
