@@ -103,6 +103,68 @@ def test_a_molecule_keeps_its_missing_cell_and_a_yaml_section_sets_keys(tmp_path
         torch.testing.assert_close(structure.forces, original.forces, rtol=0, atol=1e-4)
 
 
+TARGETS = {
+    "energy": {"key": "energy"},
+    "mtt::dipole": {"key": "dipole", "type": {"cartesian": {"rank": 1}}},
+    "mtt::charges": {"key": "charges", "per_atom": True},
+}
+
+
+def with_other_targets(path, count=6):
+    """Ethanol frames with a dipole (per structure) and charges (per atom)."""
+    generator = np.random.default_rng(3)
+    frames = ase.io.read(RESOURCES / "ethanol_40.xyz", f":{count}")
+    for frame in frames:
+        frame.info["dipole"] = generator.normal(size=3)
+        frame.arrays["charges"] = generator.normal(size=len(frame))
+    ase.io.write(path, frames)
+    return path
+
+
+def section(path, targets=TARGETS) -> dict:
+    return {"systems": {"read_from": str(path)}, "targets": targets}
+
+
+def test_mtt_targets_are_converted_and_read_back(tmp_path):
+    """Each mtt:: target goes to its <key>.bin, a row per structure (or atom), and the
+    directory, read with the same section, gives the file's values (float32 kept, and
+    float64 with --float64)."""
+    from atomtrain.options import DatasetOptions
+    from atomtrain.training.datasets import read_dataset
+
+    data = with_other_targets(tmp_path / "targets.xyz")
+    (tmp_path / "data.yaml").write_text(json.dumps(section(data)))
+    assert convert(tmp_path / "data.yaml", "-o", tmp_path / "out", "--float64") == 0
+    assert (tmp_path / "out" / "dipole.bin").stat().st_size == 6 * 3 * 4
+    atoms = sum(len(frame) for frame in ase.io.read(data, ":"))
+    assert (tmp_path / "out" / "charges.bin").stat().st_size == atoms * 4
+    original = read_dataset(DatasetOptions.model_validate(section(data)))
+    converted = read_dataset(DatasetOptions.model_validate(section(tmp_path / "out")))
+    for name in ("mtt::dipole", "mtt::charges"):
+        for ours, theirs in zip(converted, original):
+            torch.testing.assert_close(ours.targets[name], theirs.targets[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "targets, fragment",
+    [
+        ({"energy": {"key": "energy"}}, "differ from"),
+        (
+            {**TARGETS, "mtt::dipole": {"key": "forces", "type": {"cartesian": {"rank": 1}}}},
+            "'forces'",
+        ),
+    ],
+)
+def test_targets_a_directory_cannot_hold_are_one_line(tmp_path, capsys, targets, fragment):
+    data = with_other_targets(tmp_path / "targets.xyz")
+    sections = [section(data), section(data, targets)]
+    (tmp_path / "data.yaml").write_text(json.dumps(sections))
+    assert convert(tmp_path / "data.yaml", "-o", tmp_path / "out") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert fragment in line and str(data) in line
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "case, fragments",
     [

@@ -23,6 +23,7 @@ from ..distributed.context import initialize
 from ..distributed.env import detect_launch
 from ..errors import OptionsError
 from ..io import output_errors
+from ..options import DatasetOptions
 from ..training.datasets import target_keys
 from .eval import dataset_options
 
@@ -67,15 +68,37 @@ def add_parser(commands) -> None:
     parser.set_defaults(run=run)
 
 
+# files of a converted directory that an mtt:: target's <key>.bin must not overwrite
+RESERVED_KEYS = {"x", "a", "c", "energy", "forces", "stress", "ns", "na"}
+
+
+def check_other_targets(sections: list[DatasetOptions]) -> None:
+    """The mtt:: targets go to one ``<key>.bin`` each, with a row for every structure of
+    the directory: every file must have the same ones, under keys that name no other
+    file."""
+    first = sections[0]
+    wanted = [spec.record() for spec in first.targets.specs()]
+    for section in sections:
+        for spec in section.targets.specs():
+            if spec.key in RESERVED_KEYS or spec.key.startswith("atomtrain_"):
+                raise OptionsError(
+                    f"{section.systems.read_from}: target {spec.name} has key '{spec.key}', "
+                    f"the name of another file of a converted directory ({spec.key}.bin); "
+                    "rename it in the data and in the section"
+                )
+        if [spec.record() for spec in section.targets.specs()] != wanted:
+            raise OptionsError(
+                f"{section.systems.read_from}: its targets "
+                f"({', '.join(section.targets.others) or 'no mtt:: target'}) differ from "
+                f"{first.systems.read_from}'s ({', '.join(first.targets.others) or 'none'}); "
+                "a converted directory holds the same targets for every structure: convert "
+                "them into separate directories"
+            )
+
+
 def run(arguments: argparse.Namespace) -> int:
     sections = [section for path in arguments.data for section in dataset_options(path)]
-    for section in sections:
-        if section.targets.others:
-            raise OptionsError(
-                f"{section.systems.read_from}: atomtrain convert writes energies, forces and "
-                f"stress, not yet {list(section.targets.others)}; train on the file itself, "
-                "or add each target's <key>.bin (metatrain's layout) to the directory"
-            )
+    check_other_targets(sections)
     sources = [
         Source(
             path=Path(section.systems.read_from),

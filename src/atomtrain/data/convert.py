@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import DataError, OptionsError
 from ..io import output_errors, process_umask
+from ..targets import TargetSpec
 from .extxyz import (
     FRAMES_PER_CHUNK,
     FrameReader,
@@ -98,7 +99,10 @@ class Converter:
         self.atom_counts: list[int] = []
         self.with_target = dict.fromkeys(TARGETS, False)
 
-    def add(self, structure: Structure) -> None:
+    def add(self, structure: Structure, others: tuple[TargetSpec, ...] = ()) -> None:
+        """``structure`` appended; ``others``: its mtt:: targets, each to ``<key>.bin``
+        (rows of [width] or, per atom, [atoms, width], as the directory reader takes
+        them)."""
         positions = structure.positions.numpy()
         n_atoms = positions.shape[0]
         self.atom_counts.append(n_atoms)
@@ -120,6 +124,9 @@ class Converter:
         self.files.append(
             "atomtrain_known.bin", [values[name] is not None for name in TARGETS], np.uint8
         )
+        for spec in others:
+            values = structure.targets[spec.name].numpy()
+            self.store(f"{spec.key}.bin", f"atomtrain_{spec.key}64.bin", values)
         for cutoff in self.cutoffs:
             pairs = compute_neighbor_list(
                 positions, structure.cell.numpy(), structure.pbc.numpy(), cutoff
@@ -281,7 +288,7 @@ def convert_directory_share(source: Source, share: Share, converter: Converter) 
     check_frames(frames, reader, source.keys, share.start, share.stop)
     structures = FrameSet.whole(frames)
     for index in range(share.start, share.stop):
-        converter.add(structures[index])
+        converter.add(structures[index], source.keys.others)
 
 
 def convert_units(
@@ -317,7 +324,8 @@ def convert_unit(
         offsets = survey_plan.chunk_offsets[share.source]
         frames = iterate_frames(source.path, share.start, share.stop, offsets)
         for index, atoms in enumerate(frames, start=share.start):
-            converter.add(reader.structure(index, atoms, *survey_plan.wanted[share.source]))
+            structure = reader.structure(index, atoms, *survey_plan.wanted[share.source])
+            converter.add(structure, source.keys.others)
         reader.report_close_pairs()
     converter.files.close()
     return Part(directory, converter.atom_counts, converter.with_target)
