@@ -311,10 +311,12 @@ class TrainingOptions(Strict):
     uncertainty: Literal["llpr", "none"] = "llpr"
     """After training, the energy's uncertainty by LLPR (last-layer prediction rigidity,
     Bigi et al. 2024, as metatrain's ``llpr``): the covariance of the features the
-    energy's last linear layers take, summed over the training set, and a regulariser
-    and multiplier fitted on the validation set (Gaussian likelihood of its errors). The
-    exported model then has metatomic's ``energy_uncertainty`` output (per structure and
-    per atom, in eV), and ``atomtrain eval`` writes it. ``none``: no uncertainty."""
+    energy's last linear layers take, summed over the training set, regularised as
+    little as the model's precision allows, and a multiplier fitted on the validation
+    set (Gaussian likelihood of its errors). The exported model then has metatomic's
+    ``energy_uncertainty`` output (per structure and per atom, in eV), and ``atomtrain
+    eval`` writes it (docs/uncertainty.md). Models of several energies (variants) get
+    none yet. ``none``: no uncertainty."""
     atomic_baseline: dict[int, float] = {}
     """Fixed per-element energies in eV ({atomic number: energy}); elements not
     listed are fitted by least squares on the training set. metatrain's form keyed by
@@ -739,7 +741,7 @@ class DatasetOptions(Strict):
     weights give it), multiplying the section's; structures of weight 0 are not trained
     on."""
     pseudo_labels: bool = False
-    """Training sets, when fine-tuning: label this section's structures with the
+    """Training sets only, when fine-tuning: label this section's structures with the
     fine-tuning start's own predictions (energy, forces, and stress of periodic
     structures) before training, whatever the file holds: replay for a foundation model
     whose own training data are not at hand, so that fine-tuning keeps what it knew
