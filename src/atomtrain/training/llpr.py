@@ -26,7 +26,6 @@ features).
 
 from __future__ import annotations
 
-import logging
 import math
 
 import torch
@@ -38,8 +37,6 @@ from ..errors import AtomtrainError
 from ..models.energy_model import EnergyModel
 from .baseline import local_share
 from .evaluation import local_batches
-
-logger = logging.getLogger(__name__)
 
 # regularisers tried, times C's mean diagonal, from the smallest a model's precision
 # allows: rounding of relative size eps in the features adds about eps^2 x width / r to
