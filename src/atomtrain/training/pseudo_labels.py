@@ -41,10 +41,12 @@ def label_frames(frames: Frames, model: EnergyModel, context: Context, batch_siz
     energy = torch.zeros(n, dtype=torch.float64)
     forces = torch.zeros((atoms, 3), dtype=torch.float64)
     stress = torch.zeros((n, 3, 3), dtype=torch.float64)
-    dtype = next(model.parameters()).dtype
+    # where the model is (the start, read on the CPU: moved to the run's device later)
+    parameter = next(model.parameters())
+    device, dtype = parameter.device, parameter.dtype
     chunks = global_batches(list(range(n)), batch_size)
     for chunk in chunks[context.rank :: context.world_size]:
-        batch = whole.batch(chunk, float(model.cutoff)).to(context.device, dtype)
+        batch = whole.batch(chunk, float(model.cutoff)).to(device, dtype)
         with_stress = bool(periodic[chunk].any())
         predicted = predict(model, batch, True, with_stress)
         chosen = torch.as_tensor(chunk)
