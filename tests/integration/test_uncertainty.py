@@ -15,8 +15,8 @@ import yaml
 
 from atomtrain.cli.main import main
 
-from conftest import EXAMPLES
-from helpers import run_directories
+from conftest import EXAMPLES, RESOURCES
+from helpers import run_directories, write_options
 from test_faults import PYTHON, start_in_own_session
 
 BULK = ("AIMD-NVT", "Elastic")
@@ -139,6 +139,18 @@ def test_no_uncertainty_when_switched_off(tmp_path):
     predictions = tmp_path / "predictions.xyz"
     assert main(["eval", str(run / "model.pt"), str(held), "-o", str(predictions)]) == 0
     assert "energy_uncertainty" not in ase.io.read(predictions, 0).info
+
+
+def test_without_a_validation_set_the_training_set_calibrates(tmp_path):
+    options = write_options(
+        tmp_path, RESOURCES / "ethanol_40.xyz", validation_set=0.0, test_set=0.0
+    )
+    assert main(["train", str(options), "--outputs", str(tmp_path / "outputs")]) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    log = (run / "train.log").read_text()
+    assert "fitted on 40 training (no validation set) structures" in log
+    state = torch.load(run / "best.ckpt", weights_only=True)["best_model_state"]
+    assert float(state["llpr_multiplier"]) > 0
 
 
 def test_a_bad_uncertainty_method_is_one_line(tmp_path, capsys):
