@@ -104,6 +104,11 @@ class BusyCores:
     other processes used, and each core they fill takes a thread away (at least one
     stays); the threads come back when they leave. A thread count the user set with
     OMP_NUM_THREADS is kept, with a note that the machine is busy.
+
+    ``two_levels``: only the full count and one thread. A compiled training step is
+    compiled again for every new thread count (measured: 37 s for a small SOAP-BPNN,
+    and torch.compile gives up after 8, silently, to eager steps); with two levels it
+    is compiled twice at most.
     """
 
     def __init__(
@@ -126,6 +131,7 @@ class BusyCores:
         self.own_ticks = own_ticks
         self.ticks_per_second = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.warned = False
+        self.two_levels = False
         self.last = self.sample()
 
     @classmethod
@@ -162,6 +168,8 @@ class BusyCores:
                 return ThreadDecision(self.threads, self.busy_note(others, fixed=True))
             return None
         wanted = max(1, min(self.full_threads, len(self.cores) - busy_cores))
+        if self.two_levels and wanted < self.full_threads:
+            wanted = 1
         if wanted == self.threads:
             return None
         self.threads = wanted

@@ -81,6 +81,29 @@ def test_busy_cores_take_threads_away_and_give_them_back(monkeypatch):
     assert decision.threads == 2 and calls == [1, 2] and "back to 2 threads" in decision.message
 
 
+def test_with_two_levels_a_busy_machine_gets_one_thread_not_another_count(monkeypatch):
+    """A compiled step is compiled again for each thread count: 4 cores, one of them busy,
+    give 1 thread (not 3), and back to 4."""
+    import torch
+
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    machine = FakeMachine()
+    busy = watcher(machine, threads=4)
+    busy.cores = {0, 1, 2, 3}
+    busy.two_levels = True
+    machine.run(1.5, own_cores=3.0, other_cores=1.0)
+    assert busy.poll().threads == 1
+    machine.run(1.5, own_cores=1.0, other_cores=2.0)
+    assert busy.poll() is None  # busier still: one thread already
+    machine.run(1.5, own_cores=4.0, other_cores=0.0)
+    assert busy.poll().threads == 4
+    assert calls == [1, 4]
+    busy.two_levels = False  # without: the cores left
+    machine.run(1.5, own_cores=3.0, other_cores=1.0)
+    assert busy.poll().threads == 3
+
+
 def test_busy_cores_keep_the_users_thread_count_and_say_so_once(monkeypatch):
     import torch
 

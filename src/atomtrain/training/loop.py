@@ -28,7 +28,7 @@ from .averaging import WeightAverage
 from .baseline import refit_baseline
 from .batches import StepBatches, batch_workers
 from .checkpoint import TrainingState, replace_best_model, save_checkpoint
-from .compiled import step_predictions
+from .compiled import CompiledPredictions, step_predictions
 from .curves import CurvesInBackground
 from .datasets import Datasets
 from .evaluation import metric_sums
@@ -182,6 +182,8 @@ class Trainer:
             context.device,
             remaining,
         )
+        if isinstance(self.step_predictions, CompiledPredictions) and context.busy_cores:
+            context.busy_cores.two_levels = True  # each thread count is a compilation
         trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         self.parameters = [parameter for _, parameter in trained]
         first = "torch._dynamo" not in sys.modules  # torch.optim imports it (1 s here)
