@@ -29,6 +29,8 @@ import ase.io
 import numpy as np
 import yaml
 
+from atomtrain.cli.eval import spearman
+
 ROOT = Path(__file__).resolve().parent.parent
 BULK = ("AIMD-NVT", "Elastic")
 UNCERTAINTY_PHASE = re.compile(r"uncertainty ([\d.]+) s")
@@ -102,11 +104,6 @@ def evaluate(run: Path, held: Path) -> list[ase.Atoms]:
         capture_output=True,
     )
     return ase.io.read(output, ":")
-
-
-def spearman(first: np.ndarray, second: np.ndarray) -> float:
-    ranks = [np.argsort(np.argsort(values)).astype(float) for values in (first, second)]
-    return float(np.corrcoef(*ranks)[0, 1])
 
 
 def report(name: str, errors: np.ndarray, sigmas: np.ndarray, kinds: np.ndarray, cost: str) -> None:

@@ -40,6 +40,12 @@ def mirrored_half(
 LLPR_BUFFERS = ("llpr_covariance", "llpr_cholesky", "llpr_multiplier")
 
 
+def uncertainty_name(energy_name: str) -> str:
+    """metatomic's name of an energy's uncertainty: energy_uncertainty for energy,
+    energy_uncertainty/<variant> for energy/<variant>."""
+    return "energy_uncertainty" + energy_name.removeprefix("energy")
+
+
 class EnergyModel(torch.nn.Module):
     """E = scale * sum_i f(environment of i) + sum_i baseline_{Z_i}."""
 

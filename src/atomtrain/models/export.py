@@ -27,7 +27,7 @@ import torch
 from ..errors import AtomtrainError
 from ..io import atomic_save_with_directory
 from . import adapters, registry
-from .energy_model import EnergyModel
+from .energy_model import EnergyModel, uncertainty_name
 
 # the model's hyperparameters, stored beside the TorchScript code (which does not keep
 # them) so that an exported model can be fine-tuned
@@ -98,12 +98,6 @@ def atomistic_model(model: EnergyModel):
     )
     wrapper = MetatomicEnergy(inner, specs, list(model.energy_names))
     return AtomisticModel(wrapper.eval(), metadata, capabilities)
-
-
-def uncertainty_name(energy_name: str) -> str:
-    """metatomic's name of an energy's uncertainty: energy_uncertainty for energy,
-    energy_uncertainty/<variant> for energy/<variant>."""
-    return "energy_uncertainty" + energy_name.removeprefix("energy")
 
 
 def export(model: EnergyModel, path: str | Path) -> None:

@@ -12,7 +12,7 @@ from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import ModelOutput, NeighborListOptions, System
 
 from ..targets import TargetSpec
-from .energy_model import EnergyModel
+from .energy_model import EnergyModel, uncertainty_name
 
 
 class MetatomicEnergy(torch.nn.Module):
@@ -40,7 +40,7 @@ class MetatomicEnergy(torch.nn.Module):
         # the first energy's LLPR uncertainty, when the model has one ("" otherwise)
         self.uncertainty_name = ""
         if model.has_uncertainty():
-            self.uncertainty_name = "energy_uncertainty" + self.energy_names[0][len("energy") :]
+            self.uncertainty_name = uncertainty_name(self.energy_names[0])
         # the mtt:: targets' layouts (what target_map builds), in TorchScript's types
         specs = specs if specs is not None else []
         self.target_names: List[str] = [spec.name for spec in specs]
