@@ -378,6 +378,12 @@ class EnergyModel(torch.nn.Module):
         )
 
     @torch.jit.unused
+    def clear_uncertainty(self) -> None:
+        """No LLPR: the model's uncertainties are gone (a state without them)."""
+        empty = torch.zeros((0, 0), dtype=torch.float64)
+        self.set_uncertainty(empty, empty, 0.0)
+
+    @torch.jit.unused
     def set_uncertainty(
         self, covariance: torch.Tensor, cholesky: torch.Tensor, multiplier: float
     ) -> None:

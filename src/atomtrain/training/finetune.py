@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from pydantic import BaseModel
 
 from ..errors import AtomtrainError, OptionsError
@@ -22,8 +21,7 @@ def pretrained_model(path: str, architecture_name: str) -> EnergyModel:
     """The model to fine-tune (see read_pretrained), without its LLPR uncertainty: that
     belongs to the weights it was computed for, and is computed again at the end."""
     model = read_pretrained(path, architecture_name)
-    empty = torch.zeros((0, 0), dtype=torch.float64)
-    model.set_uncertainty(empty, empty, 0.0)
+    model.clear_uncertainty()
     return model
 
 

@@ -164,8 +164,7 @@ def fit_llpr(
 ) -> str | None:
     """The model's LLPR (or none, when ``uncertainty`` is "none" or it cannot be fitted);
     what the log says of it."""
-    empty = torch.zeros((0, 0), dtype=torch.float64)
-    model.set_uncertainty(empty, empty, 0.0)
+    model.clear_uncertainty()
     if uncertainty == "none" or not model.learns_energy:
         return None
     if len(model.energy_names) > 1:
