@@ -51,10 +51,7 @@ def label_frames(frames: Frames, model: EnergyModel, context: Context, batch_siz
         predicted = predict(model, batch, True, with_stress)
         chosen = torch.as_tensor(chunk)
         energy[chosen] = predicted["energy"].detach().cpu().to(torch.float64)
-        starts = torch.as_tensor(frames.offsets[chunk])
-        counts = torch.as_tensor(frames.offsets[np.asarray(chunk) + 1]) - starts
-        rows = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts)
-        rows = rows + torch.arange(int(counts.sum()))
+        rows = torch.as_tensor(frames.atoms_of(np.asarray(chunk)))
         forces[rows] = predicted["forces"].detach().cpu().to(torch.float64)
         if with_stress:
             stress[chosen] = predicted["stress"].detach().cpu().to(torch.float64)

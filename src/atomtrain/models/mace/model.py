@@ -78,9 +78,7 @@ def readout_inputs(mace: torch.nn.Module) -> tuple[torch.Tensor, int]:
     interaction read out by a linear map, and where the last interaction's features
     start (a non-linear readout's input)."""
     products = list(mace.products)
-    starts = [0]
-    for product in products:
-        starts.append(starts[-1] + product.linear.irreps_out.dim)
+    last_start = sum(product.linear.irreps_out.dim for product in products[:-1])
     positions: list[torch.Tensor] = []
     for index, readout in enumerate(mace.readouts):
         interaction = len(products) - 1 if len(mace.readouts) == 1 else index
@@ -89,8 +87,8 @@ def readout_inputs(mace: torch.nn.Module) -> tuple[torch.Tensor, int]:
             upto = scalar_channels(mace, interaction + 1)
             positions.append(upto[len(before) :])
     if not positions:
-        return torch.zeros(0, dtype=torch.long), starts[-2]
-    return torch.cat(positions), starts[-2]
+        return torch.zeros(0, dtype=torch.long), last_start
+    return torch.cat(positions), last_start
 
 
 class E3nnTwin:
