@@ -43,6 +43,7 @@ from atomtrain.cli.main import main
 from atomtrain.data import collate
 from atomtrain.models import registry
 from atomtrain.models.export import load_exported
+from atomtrain.targets import Irrep, TargetSpec
 from atomtrain.training.checkpoint import best_model, load_checkpoint
 from atomtrain.training.compiled import CompiledPredictions
 from atomtrain.training.evaluation import predict
@@ -251,7 +252,20 @@ def test_the_energy_is_linear_in_its_last_layer_features(name):
     model = new_model(name, [1, 6, 8])
     frames = ase.io.read(ETHANOL, index=":40")
     batch = collate(frames_as_structures(frames), model.cutoff)
-    energies, features = atomic_last_layer(model, batch)
+    vectors, half = model.edge_geometry(
+        batch.positions,
+        batch.cell,
+        batch.system_index,
+        batch.pair_first,
+        batch.pair_second,
+        batch.cell_shifts,
+    )
+    with torch.no_grad():
+        energies, features = model.energies_and_last_layer_features(
+            vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
+        )
+    # what LLPR takes as the energy's features
+    assert torch.equal(atomic_last_layer(model, batch)["energy"][:, 0], features)
     expected = run_model(model, frames_as_structures(frames), forces=False)["energy"]
     totals = torch.zeros_like(expected).index_add(0, batch.system_index, energies)
     torch.testing.assert_close(totals, expected, rtol=1e-14, atol=0)
@@ -266,6 +280,82 @@ def test_the_energy_is_linear_in_its_last_layer_features(name):
     noise = torch.randn_like(raw)
     solution = torch.linalg.lstsq(design, noise.unsqueeze(1), driver="gelsd").solution
     assert float(((design @ solution).squeeze(1) - noise).abs().max()) > 0.1
+
+
+# one target of each kind LLPR takes (proper blocks only), and one it does not
+LLPR_SPECS = [
+    TargetSpec("mtt::gap", "g", "scalar", num_subtargets=2),
+    TargetSpec("mtt::dipole", "d", "cartesian", rank=1),
+    TargetSpec(
+        "mtt::proper",
+        "p",
+        "spherical",
+        irreps=(Irrep(0, 1), Irrep(1, 1), Irrep(2, 1)),
+        num_subtargets=2,
+        per_atom=True,
+    ),
+    TargetSpec("mtt::polarizability", "a", "cartesian", rank=2),
+]
+
+
+def constant_rows(model, name: str) -> list[bool]:
+    """Which of an output's components have a constant part (bias and per-element
+    baseline): its o3_lambda 0 ones."""
+    if name.startswith("energy"):
+        return [True]
+    (spec,) = [spec for spec in LLPR_SPECS if spec.name == name]
+    return [irrep.o3_lambda == 0 for irrep in spec.blocks() for _ in range(2 * irrep.o3_lambda + 1)]
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_every_energy_and_target_is_linear_in_its_last_layer_features(name):
+    """LLPR's features of an energy variant (one learning its difference to the first
+    energy) and of each mtt:: target with proper blocks only are the inputs of their
+    heads' last linear maps: each atom's every component of every subtarget is a linear
+    function of them, plus a constant per element for o3_lambda 0 components, to float64
+    precision; a target with a pseudo block (the polarisability's antisymmetric part)
+    gets none."""
+    model = new_model(name, [1, 6, 8])
+    model.attach_targets(LLPR_SPECS, ["energy", "energy/other"], relative=[True])
+    generator = torch.Generator().manual_seed(4)
+    for head in [*model.heads, *model.variant_heads]:  # non-trivial heads
+        for parameter in (head.network[-1].weight, head.network[-1].bias, head.baseline):
+            parameter.data.copy_(torch.randn(parameter.shape, generator=generator))
+        head.scale.fill_(1.3)
+    expected = ["energy", "energy/other", "mtt::gap", "mtt::dipole", "mtt::proper"]
+    assert model.llpr_outputs == expected
+    frames = ase.io.read(ETHANOL, index=":40")
+    batch = collate(frames_as_structures(frames), model.cutoff)
+    features = atomic_last_layer(model, batch)
+    vectors, half = model.edge_geometry(
+        batch.positions,
+        batch.cell,
+        batch.system_index,
+        batch.pair_first,
+        batch.pair_second,
+        batch.cell_shifts,
+    )
+    with torch.no_grad():
+        atomic = model.atomic_predictions(
+            vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
+        )
+    element = torch.nn.functional.one_hot(model.type_to_index[batch.atomic_numbers]).double()
+    for output in model.llpr_outputs[1:]:
+        rows = features[output]  # [atoms, components, width]
+        atoms, components, width = rows.shape
+        values = atomic[output].double().reshape(atoms, components, -1)
+        constant = torch.tensor(constant_rows(model, output), dtype=torch.float64)
+        offsets = element.unsqueeze(1) * constant.reshape(1, -1, 1)
+        design = torch.cat([rows, offsets], dim=2).reshape(atoms * components, -1)
+        assert design.shape[0] > 2 * design.shape[1], output
+        for subtarget in range(values.shape[2]):
+            target = values[:, :, subtarget].reshape(-1, 1)
+            solution = torch.linalg.lstsq(design, target, driver="gelsd").solution
+            residual = (design @ solution - target).abs().max()
+            assert float(residual) <= 1e-9 * float(target.abs().max()), (output, subtarget)
+        noise = torch.randn(design.shape[0], 1, dtype=torch.float64)
+        solution = torch.linalg.lstsq(design, noise, driver="gelsd").solution
+        assert float((design @ solution - noise).abs().max()) > 0.1, output
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

@@ -22,6 +22,7 @@ from atomtrain.data.extxyz import TargetKeys
 from atomtrain.data.reading import read_structures
 from atomtrain.training.checkpoint import load_checkpoint, model_from_checkpoint
 from atomtrain.training.evaluation import predict
+from atomtrain.training.llpr import predicted_uncertainties
 
 from conftest import RESOURCES
 from helpers import TINY_PET, environment, run_directories, write_options
@@ -424,6 +425,73 @@ def test_eval_takes_the_variant_its_description_names(two_energies, tmp_path):
         timeout=300,
     )
     one_line_error(result, "has no 'energy/pbe0'", "energy, energy/b3lyp")
+
+
+UNCERTAINTIES = """
+import json, sys
+import ase.io
+from metatomic.torch import ModelOutput
+from metatomic_ase import MetatomicCalculator
+
+frames = ase.io.read(sys.argv[1], ":4")
+calculator = MetatomicCalculator(sys.argv[2], extensions_directory=sys.argv[3])
+found = {"atomtrain imported": "atomtrain" in sys.modules}
+for name in sys.argv[4:]:
+    for per_atom in (False, True):
+        maps = calculator.run_model(frames, {name: ModelOutput(per_atom=per_atom)})
+        found[f"{name} {per_atom}"] = maps[name].block().values.detach().tolist()
+found["outputs"] = sorted(calculator._model.capabilities().outputs)
+print(json.dumps(found))
+"""
+
+
+def test_every_energy_and_linear_target_has_an_llpr_uncertainty(two_energies, tmp_path):
+    """Both energies, the scalar and the per-atom vector get LLPR uncertainties: the
+    export gives them by metatomic's and metatrain's names, per structure and per atom,
+    as the training model computes them, and eval writes them beside the predictions."""
+    directory, run = two_energies
+    (said,) = [line for line in (run / "train.log").read_text().splitlines() if "LLPR" in line]
+    for name in ("energy", "energy/b3lyp", "mtt::gap", "mtt::offset"):
+        assert f" {name} (" in said
+    data = directory / "qm9_targets.xyz"
+    exported = {
+        "energy/b3lyp": "energy_uncertainty/b3lyp",
+        "mtt::gap": "mtt::aux::gap_uncertainty",
+        "mtt::offset": "mtt::aux::offset_uncertainty",
+    }
+    model = directory / "model.pt"
+    result = subprocess.run(
+        [PYTHON, "-c", UNCERTAINTIES, str(data), str(model), str(directory / "extensions")]
+        + list(exported.values()),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not found["atomtrain imported"]
+    assert {"energy_uncertainty", *exported.values()} <= set(found["outputs"])
+    trained = model_from_checkpoint(load_checkpoint(run / "best.ckpt"), best=True)
+    keys = TargetKeys(energy="U0", read_forces=False, read_stress=False)
+    batch = read_structures(data, keys).batch([0, 1, 2, 3], trained.cutoff)
+    expected = predicted_uncertainties(trained, batch.to("cpu", torch.float64))
+    for output, name in exported.items():
+        for per_atom, values in enumerate(expected[output]):
+            got = np.asarray(found[f"{name} {bool(per_atom)}"]).reshape(values.shape[0], -1)
+            assert np.allclose(got, values.reshape(values.shape[0], -1).numpy(), rtol=1e-8)
+            assert got.max() > 0
+    description = tmp_path / "eval.yaml"
+    description.write_text(yaml.safe_dump({"systems": str(data), "targets": QM9_TARGETS}))
+    output = tmp_path / "predictions.xyz"
+    assert main(["eval", str(model), str(description), "-o", str(output)]) == 0
+    atoms = ase.io.read(output, 1)
+    gap, offset = expected["mtt::gap"][0][1], expected["mtt::offset"][1]
+    assert atoms.info["mtt_gap_uncertainty"] == pytest.approx(float(gap.reshape(())), rel=1e-8)
+    start = int(batch.n_atoms[0])
+    rows = offset[start : start + len(atoms)].reshape(len(atoms), 3).numpy()
+    assert np.allclose(atoms.arrays["mtt_offset_uncertainty"], rows, rtol=1e-8)
+    energy = expected["energy/b3lyp"][0][1]
+    assert atoms.info["energy_uncertainty"] == pytest.approx(float(energy.reshape(())), rel=1e-8)
 
 
 def weighted_options(directory, second: dict, first_frames=slice(0, 30)):

@@ -148,7 +148,8 @@ def test_without_a_validation_set_the_training_set_calibrates(tmp_path):
     assert main(["train", str(options), "--outputs", str(tmp_path / "outputs")]) == 0
     (run,) = run_directories(tmp_path / "outputs")
     log = (run / "train.log").read_text()
-    assert "fitted on 40 training (no validation set) structures" in log
+    assert "fitted on 40 training samples" in log
+    assert "no validation set: calibrated on the training set" in log
     state = torch.load(run / "best.ckpt", weights_only=True)["best_model_state"]
     assert float(state["llpr_multiplier"]) > 0
 

@@ -137,6 +137,12 @@ def prediction_key(name: str) -> str:
     return "predicted_" + name.replace("::", "_")
 
 
+def uncertainty_key(name: str) -> str:
+    """Where a target's LLPR uncertainties go in the predictions file: mtt_dipole_uncertainty
+    for mtt::dipole."""
+    return name.replace("::", "_") + "_uncertainty"
+
+
 def check_energies(model_path: Path, files: list[tuple[str, FrameSet]], names: list[str]) -> None:
     """Each file's energy (its section's ``energy`` or ``energy/<variant>``) is one the
     model has; its structures are evaluated with it."""
@@ -158,7 +164,8 @@ def write_predictions(
     predictions beside them: ``predicted_energy`` (eV) and ``predicted_stress`` (eV/A^3,
     Voigt order, ASE's sign) in the info, ``predicted_forces`` (eV/A) per atom; for a
     model with LLPR, ``energy_uncertainty`` (eV) in the info and each atom's
-    ``atomic_energy_uncertainty`` (eV)."""
+    ``atomic_energy_uncertainty`` (eV), and each mtt:: target's beside its predictions
+    (uncertainty_key)."""
     frames = [atoms for source, structures in files for atoms in frames_of(source, structures)]
     for atoms, predicted in zip(frames, predictions):
         if "energy" in predicted:
@@ -173,6 +180,9 @@ def write_predictions(
             # per atom: a row per atom; per structure: the values flat, as in the file
             where = atoms.arrays if values.ndim == 2 else atoms.info
             where[prediction_key(name)] = values
+        for name, values in predicted.get("uncertainties", {}).items():
+            where = atoms.arrays if values.ndim == 2 else atoms.info
+            where[uncertainty_key(name)] = values
     atomic_write(
         path,
         lambda stream: ase.io.write(stream, frames, format="extxyz"),
@@ -280,7 +290,7 @@ def predict_all(
     learns_energy = len(energies) > 0
     periodic = structures.fully_periodic()
     stress = bool(periodic.any()) and learns_energy
-    uncertain = learns_energy and bool(model.has_uncertainty())
+    uncertain = bool(model.has_uncertainty())
     sums = MetricSums("cpu", targets)
     busy_cores = BusyCores.for_this_process()
     predictions: list[dict] = []
@@ -291,8 +301,7 @@ def predict_all(
         # and re-specialisation cost more than they gain here (measured).
         with torch.jit.optimized_execution(False):
             predicted = predict(model, batch, learns_energy, stress)
-            if uncertain:
-                per_structure, per_atom = predicted_uncertainties(model, batch)
+            uncertainties = predicted_uncertainties(model, batch) if uncertain else {}
         sums.accumulate(predicted, batch)
         decision = busy_cores.poll()
         if decision is not None and decision.message:
@@ -300,20 +309,27 @@ def predict_all(
         offsets = torch.cumsum(batch.n_atoms, 0) - batch.n_atoms
         for position, index in enumerate(chunk):
             start, count = int(offsets[position]), int(batch.n_atoms[position])
-            entry: dict = {"targets": {}}
+            entry: dict = {"targets": {}, "uncertainties": {}}
             if learns_energy:
                 entry["energy"] = float(predicted["energy"][position].detach())
                 forces = predicted["forces"][start : start + count]
                 entry["forces"] = forces.detach().double().numpy()
-            if uncertain:
-                entry["energy_uncertainty"] = float(per_structure[position])
-                entry["atomic_energy_uncertainty"] = per_atom[start : start + count].numpy()
+            variant = 0 if batch.energy_variant is None else int(batch.energy_variant[position])
+            if learns_energy and energies[variant] in uncertainties:
+                whole, atoms = uncertainties[energies[variant]]
+                entry["energy_uncertainty"] = float(whole[position])
+                atomic = atoms[start : start + count].reshape(-1)
+                entry["atomic_energy_uncertainty"] = atomic.numpy()
             if stress and periodic[index]:
                 entry["stress"] = predicted["stress"][position].detach().double().numpy()
             for name, per_atom in learnt:
                 values = predicted[name].detach().double()
                 rows = values[start : start + count] if per_atom else values[position]
                 entry["targets"][name] = rows.numpy()
+                if name in uncertainties:
+                    whole, atoms = uncertainties[name]
+                    sigma = atoms[start : start + count] if per_atom else whole[position]
+                    entry["uncertainties"][name] = sigma.reshape(rows.shape).numpy()
             predictions.append(entry)
     return predictions, sums.values
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..targets import TargetSpec
-from .heads import NeighborBasis, TargetHead
+from .heads import NeighborBasis, TargetHead, linear_in_last_layer
 
 
 def mirrored_half(
@@ -37,13 +37,16 @@ def mirrored_half(
 
 
 # the buffers of a model's LLPR (none in its state_dict until computed)
-LLPR_BUFFERS = ("llpr_covariance", "llpr_cholesky", "llpr_multiplier")
+LLPR_BUFFERS = ("llpr_covariance", "llpr_cholesky", "llpr_multiplier", "llpr_widths")
 
 
-def uncertainty_name(energy_name: str) -> str:
-    """metatomic's name of an energy's uncertainty: energy_uncertainty for energy,
-    energy_uncertainty/<variant> for energy/<variant>."""
-    return "energy_uncertainty" + energy_name.removeprefix("energy")
+def uncertainty_name(output_name: str) -> str:
+    """The exported name of an output's uncertainty: metatomic's energy_uncertainty for
+    energy, energy_uncertainty/<variant> for energy/<variant>, and metatrain's
+    mtt::aux::<name>_uncertainty for mtt::<name>."""
+    if output_name.startswith("mtt::"):
+        return "mtt::aux::" + output_name.removeprefix("mtt::") + "_uncertainty"
+    return "energy_uncertainty" + output_name.removeprefix("energy")
 
 
 class EnergyModel(torch.nn.Module):
@@ -85,12 +88,19 @@ class EnergyModel(torch.nn.Module):
         # a variant that learns its difference to the first energy (fine-tuning's
         # inherit_heads from it), per variant
         self.variant_relative: list[bool] = []
-        # LLPR (training/llpr.py): the last-layer features' covariance over the training
-        # set, the Cholesky factor of it regularised, and the calibrated multiplier of
-        # the uncertainties; empty until computed after training
-        self.register_buffer("llpr_covariance", torch.zeros((0, 0), dtype=torch.float64))
-        self.register_buffer("llpr_cholesky", torch.zeros((0, 0), dtype=torch.float64))
-        self.register_buffer("llpr_multiplier", torch.zeros((), dtype=torch.float64))
+        # LLPR (training/llpr.py), for each of llpr_outputs (every energy, and each mtt::
+        # target whose head is linear in its last layer) in turn: the last-layer
+        # features' covariance over the training set and the Cholesky factor of it
+        # regularised (each [width, width], flattened one after the other), and the
+        # calibrated multipliers of the uncertainties (one per subtarget); the widths
+        # give the blocks (0: no uncertainty for that output). Empty until computed
+        # after training.
+        self.llpr_outputs: list[str] = ["energy"]
+        self.llpr_subtargets: list[int] = [1]
+        self.register_buffer("llpr_covariance", torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("llpr_cholesky", torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("llpr_multiplier", torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("llpr_widths", torch.zeros(0, dtype=torch.long))
 
     @torch.jit.unused
     def attach_targets(
@@ -124,6 +134,9 @@ class EnergyModel(torch.nn.Module):
             ]
         )
         self.heads_to(dtype)
+        linear = [spec for spec in specs if linear_in_last_layer(spec)]
+        self.llpr_outputs = energy_names + [spec.name for spec in linear]
+        self.llpr_subtargets = [1] * len(energy_names) + [spec.num_subtargets for spec in linear]
         self.hypers = {
             **self.hypers,
             "targets": {
@@ -339,19 +352,90 @@ class EnergyModel(torch.nn.Module):
         return energies, features.to(torch.float64)
 
     @torch.jit.export
+    def last_layer_features(
+        self,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        atomic_numbers: torch.Tensor,
+        mirrored: bool,
+    ) -> dict[str, torch.Tensor]:
+        """Each of llpr_outputs' last-layer features, by name, [n_atoms, components,
+        width] in float64 (one component for an energy): the first energy's as
+        atomic_last_layer_features gives them; a variant's, its head's hidden layer (and,
+        for a variant that learns its difference to the first energy, the first energy's
+        scaled, since it is linear in both); an mtt:: target's, its head's."""
+        element_index = self.type_to_index.index_select(0, atomic_numbers)
+        results: dict[str, torch.Tensor] = {}
+        main = torch.zeros((0, 0), dtype=torch.float64, device=edge_vectors.device)
+        if self.learns_energy:
+            _, main = self.atomic_last_layer_features(
+                edge_vectors, pair_first, pair_second, element_index, mirrored
+            )
+            main = main.to(torch.float64)
+            results[self.energy_names[0]] = main.unsqueeze(1)
+        if len(self.llpr_outputs) == len(results):
+            return results
+        features, _ = self.features_and_energies(
+            edge_vectors, pair_first, pair_second, element_index, mirrored, False
+        )
+        for index, head in enumerate(self.variant_heads):
+            hidden = head.hidden(features, element_index).to(torch.float64) * head.scale
+            if self.variant_relative[index] and self.learns_energy:
+                hidden = torch.cat([main * self.scale, hidden], dim=1)
+            results[self.energy_names[index + 1]] = hidden.unsqueeze(1)
+        if len(self.llpr_outputs) == len(results):
+            return results
+        vectors, matrices = self.basis(
+            edge_vectors.to(features.dtype), pair_first, pair_second, element_index, mirrored
+        )
+        for index, head in enumerate(self.heads):
+            name = self.target_names[index]
+            if name in self.llpr_outputs:
+                results[name] = head.last_layer_features(features, element_index, vectors, matrices)
+        return results
+
+    @torch.jit.export
     def has_uncertainty(self) -> bool:
         """Whether LLPR was computed for this model (its uncertainties can be asked)."""
-        return self.llpr_cholesky.shape[0] > 0
+        return bool((self.llpr_widths > 0).any())
+
+    @torch.jit.export
+    def uncertainty_outputs(self) -> list[str]:
+        """The outputs of llpr_outputs that have an uncertainty."""
+        names: list[str] = []
+        for index, name in enumerate(self.llpr_outputs):
+            if index < self.llpr_widths.shape[0] and int(self.llpr_widths[index]) > 0:
+                names.append(name)
+        return names
+
+    @torch.jit.export
+    def uncertainties_of(self, name: str, features: torch.Tensor) -> torch.Tensor:
+        """The calibrated LLPR uncertainty of output ``name`` for each row of
+        ``features`` [n, components, width] (an atom's, or a structure's sum):
+        multiplier * sqrt(f^T (C + r I)^-1 f), [n, components, subtargets]."""
+        index = self.llpr_outputs.index(name)
+        start, first_multiplier = 0, 0
+        for before in range(index):
+            before_width = int(self.llpr_widths[before])
+            start += before_width * before_width
+            first_multiplier += self.llpr_subtargets[before]
+        width = int(self.llpr_widths[index])
+        cholesky = self.llpr_cholesky[start : start + width * width].reshape(width, width)
+        multipliers = self.llpr_multiplier[
+            first_multiplier : first_multiplier + self.llpr_subtargets[index]
+        ]
+        rows = features.to(torch.float64).reshape(-1, width)
+        solved = torch.linalg.solve_triangular(cholesky, rows.transpose(0, 1), upper=False)
+        sigma = torch.sqrt((solved * solved).sum(0)).reshape(features.shape[0], -1, 1)
+        return sigma * multipliers.reshape(1, 1, -1)
 
     @torch.jit.export
     def uncertainties(self, features: torch.Tensor) -> torch.Tensor:
-        """The calibrated LLPR uncertainty (eV) of each prediction whose last-layer
-        features are a row of ``features`` [n, width] (an atom's, or a structure's sum):
-        multiplier * sqrt(f^T (C + r I)^-1 f)."""
-        solved = torch.linalg.solve_triangular(
-            self.llpr_cholesky, features.to(torch.float64).transpose(0, 1), upper=False
-        )
-        return self.llpr_multiplier * torch.sqrt((solved * solved).sum(0))
+        """The first energy's calibrated LLPR uncertainty (eV) of each prediction whose
+        last-layer features are a row of ``features`` [n, width] (an atom's, or a
+        structure's sum), [n]."""
+        return self.uncertainties_of(self.energy_names[0], features.unsqueeze(1)).reshape(-1)
 
     @torch.jit.unused
     def _save_to_state_dict(self, destination, prefix, keep_vars):
@@ -366,13 +450,22 @@ class EnergyModel(torch.nn.Module):
     ):
         # the LLPR buffers take the stored shapes; a state without them (a model without
         # LLPR) leaves the model without uncertainties, whatever it had
+        stored = {name: state_dict.get(prefix + name) for name in LLPR_BUFFERS}
+        covariance = stored["llpr_covariance"]
+        if covariance is not None and covariance.dim() == 2:
+            # the first format (one energy): its matrices whole and a scalar multiplier
+            width = covariance.shape[0]
+            stored = {
+                "llpr_covariance": covariance.reshape(-1),
+                "llpr_cholesky": stored["llpr_cholesky"].reshape(-1),
+                "llpr_multiplier": stored["llpr_multiplier"].reshape(1),
+                "llpr_widths": torch.tensor([width], dtype=torch.long),
+            }
         for name in LLPR_BUFFERS:
-            key = prefix + name
             current = getattr(self, name)
-            empty = torch.zeros((0, 0) if current.dim() else (), dtype=torch.float64)
-            stored = state_dict.get(key, empty)
-            setattr(self, name, torch.zeros_like(stored, device=current.device))
-            state_dict[key] = stored
+            value = stored[name] if stored[name] is not None else torch.zeros_like(current[:0])
+            setattr(self, name, torch.zeros_like(value, device=current.device))
+            state_dict[prefix + name] = value
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
         )
@@ -380,18 +473,34 @@ class EnergyModel(torch.nn.Module):
     @torch.jit.unused
     def clear_uncertainty(self) -> None:
         """No LLPR: the model's uncertainties are gone (a state without them)."""
-        empty = torch.zeros((0, 0), dtype=torch.float64)
-        self.set_uncertainty(empty, empty, 0.0)
+        self.set_uncertainty({})
 
     @torch.jit.unused
     def set_uncertainty(
-        self, covariance: torch.Tensor, cholesky: torch.Tensor, multiplier: float
+        self, fitted: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     ) -> None:
-        """The LLPR of this model (all empty: none)."""
+        """The LLPR of this model: for each output of llpr_outputs that has one, its
+        covariance, its Cholesky factor and its multipliers (none: no LLPR)."""
         device = self.baseline.device
-        self.llpr_covariance = covariance.to(device, torch.float64)
-        self.llpr_cholesky = cholesky.to(device, torch.float64)
-        self.llpr_multiplier = torch.tensor(float(multiplier), dtype=torch.float64, device=device)
+        covariances, factors, multipliers, widths = [], [], [], []
+        for name, subtargets in zip(self.llpr_outputs, self.llpr_subtargets):
+            covariance, factor, multiplier = fitted.get(
+                name, (torch.zeros((0, 0)), torch.zeros((0, 0)), torch.zeros(subtargets))
+            )
+            covariances.append(covariance.reshape(-1))
+            factors.append(factor.reshape(-1))
+            multipliers.append(multiplier.reshape(subtargets))
+            widths.append(covariance.shape[0])
+        if not any(widths):
+            covariances, factors, multipliers, widths = [], [], [], []
+        joined = [
+            torch.cat([part.to(device, torch.float64) for part in parts])
+            if parts
+            else torch.zeros(0, dtype=torch.float64, device=device)
+            for parts in (covariances, factors, multipliers)
+        ]
+        self.llpr_covariance, self.llpr_cholesky, self.llpr_multiplier = joined
+        self.llpr_widths = torch.tensor(widths, dtype=torch.long, device=device)
 
     def atomic_energies(
         self,
@@ -525,6 +634,8 @@ class EnergyModel(torch.nn.Module):
 # TorchScript types attributes by the class's annotations, which must be types, not the
 # strings postponed annotations leave: an empty list could not be typed otherwise
 EnergyModel.__annotations__.update(
+    llpr_outputs=list[str],
+    llpr_subtargets=list[int],
     target_names=list[str],
     per_atom_targets=list[bool],
     energy_names=list[str],

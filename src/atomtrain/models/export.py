@@ -59,12 +59,15 @@ def atomistic_model(model: EnergyModel):
             description="potential energy"
             + ("" if name == "energy" else f" ({name.removeprefix('energy/')})"),
         )
-    if model.has_uncertainty():
-        outputs[uncertainty_name(model.energy_names[0])] = ModelOutput(
+    units = {spec.name: spec.unit for spec in specs}
+    for name in model.uncertainty_outputs():
+        outputs[uncertainty_name(name)] = ModelOutput(
             quantity="",
-            unit=model.energy_unit,
+            unit=units.get(name, model.energy_unit),
             sample_kind="atom",  # per system by default, per atom on request
-            description="LLPR uncertainty of the potential energy (one standard deviation)",
+            description="LLPR uncertainty of "
+            + ("the potential energy" if name == "energy" else name)
+            + " (one standard deviation)",
         )
     for spec in specs:
         outputs[spec.name] = ModelOutput(

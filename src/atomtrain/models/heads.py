@@ -107,6 +107,14 @@ class NeighborBasis(torch.nn.Module):
         return vectors, matrices
 
 
+def linear_in_last_layer(spec: TargetSpec) -> bool:
+    """Whether a target's head's outputs are linear in its last layer's weights (what
+    LLPR needs): scalars and proper blocks are; a pseudo block, a product of two or
+    three learnt mixtures (the antisymmetric part of a Cartesian rank-2 target), is
+    not."""
+    return all(irrep.o3_sigma == 1 for irrep in spec.blocks())
+
+
 def coefficients_of(o3_lambda: int, o3_sigma: int, channels: int) -> int:
     """Invariant coefficients a block needs per subtarget."""
     if o3_lambda == 0:
@@ -181,6 +189,7 @@ class TargetHead(torch.nn.Module):
         # the o3_lambda 0 block's per-element baseline (its position in self.blocks), and
         # the scale of every output: fitted from the training data
         self.isotropic = self.blocks.index((0, 1)) if (0, 1) in self.blocks else -1
+        self.linear_in_last_layer = linear_in_last_layer(spec)
         self.register_buffer(
             "baseline", torch.zeros((n_types, spec.num_subtargets), dtype=torch.float64)
         )
@@ -232,6 +241,57 @@ class TargetHead(torch.nn.Module):
         """The network's invariant outputs for each atom."""
         hidden = self.first(features) + self.element(element_index)
         return self.network(hidden)
+
+    def hidden(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
+        """The input of the network's last linear map, [atoms, HIDDEN_WIDTH]: the head's
+        outputs are linear in that map's weights, with this (and a constant) as input."""
+        hidden = self.first(features) + self.element(element_index)
+        hidden = self.network[1](torch.nn.functional.silu(hidden))
+        return torch.nn.functional.silu(hidden)
+
+    def last_layer_features(
+        self,
+        features: torch.Tensor,
+        element_index: torch.Tensor,
+        vectors: torch.Tensor,
+        matrices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each output component's features in the last linear map's weights, [atoms,
+        components, last_layer_width] in float64, the components laid out as forward's
+        (every subtarget has the same, in its own weights). A block of o3_lambda 0 takes
+        the hidden layer (its bias is a constant input, left out as the energy's); one of
+        o3_lambda 1 or 2 (proper only: see linear_in_last_layer) takes each basis
+        function's component times the hidden layer and the bias. Blocks use disjoint
+        weights: each fills its own columns."""
+        hidden = self.hidden(features, element_index).to(torch.float64)
+        n_atoms = hidden.shape[0]
+        with_bias = torch.cat([hidden, torch.ones_like(hidden[:, :1])], dim=1)
+        parts: list[torch.Tensor] = []
+        for o3_lambda, _ in self.blocks:
+            if o3_lambda == 0:
+                parts.append(hidden.unsqueeze(1))
+                continue
+            if o3_lambda == 1:  # [atoms, K, 3] in y, z, x: metatensor's o3_mu -1, 0, 1
+                basis = vectors.to(torch.float64).index_select(
+                    2, torch.tensor([1, 2, 0], device=vectors.device)
+                )
+            else:  # [atoms, K, 5]
+                basis = spherical_from_matrix(matrices.to(torch.float64))
+            outer = basis.transpose(1, 2).unsqueeze(3) * with_bias.reshape(n_atoms, 1, 1, -1)
+            parts.append(outer.reshape(n_atoms, outer.shape[1], -1))
+        rows, width = 0, 0
+        for part in parts:
+            rows += part.shape[1]
+            width += part.shape[2]
+        result = hidden.new_zeros((n_atoms, rows, width))
+        row, column = 0, 0
+        for part in parts:
+            result[:, row : row + part.shape[1], column : column + part.shape[2]] = part
+            row += part.shape[1]
+            column += part.shape[2]
+        if self.kind == "cartesian" and self.rank == 1:  # back to x, y, z, as layout does
+            result = result.index_select(1, torch.tensor([2, 0, 1], device=result.device))
+        return result
 
     @torch.jit.unused
     def networks_to(self, dtype: torch.dtype) -> None:

@@ -25,6 +25,8 @@ class MetatomicEnergy(torch.nn.Module):
     target_subtargets: List[int]
     target_irreps: List[List[int]]
     energy_names: List[str]
+    uncertain_outputs: List[str]
+    uncertainty_names: List[str]
 
     def __init__(
         self,
@@ -37,10 +39,13 @@ class MetatomicEnergy(torch.nn.Module):
         self.energy_names = energy_names if energy_names is not None else ["energy"]
         # one energy and nothing else: the energy alone, as MD engines ask at every step
         self.energy_only = self.energy_names == ["energy"] and not specs
-        # the first energy's LLPR uncertainty, when the model has one ("" otherwise)
-        self.uncertainty_name = ""
+        # the outputs with an LLPR uncertainty, and the names it is asked by
+        self.uncertain_outputs: List[str] = []
         if model.has_uncertainty():
-            self.uncertainty_name = uncertainty_name(self.energy_names[0])
+            self.uncertain_outputs = model.uncertainty_outputs()
+        self.uncertainty_names: List[str] = [
+            uncertainty_name(name) for name in self.uncertain_outputs
+        ]
         # the mtt:: targets' layouts (what target_map builds), in TorchScript's types
         specs = specs if specs is not None else []
         self.target_names: List[str] = [spec.name for spec in specs]
@@ -69,8 +74,11 @@ class MetatomicEnergy(torch.nn.Module):
         for name in outputs.keys():
             if name in self.energy_names or name in self.target_names:
                 wanted.append(name)
-        uncertain = self.uncertainty_name != "" and self.uncertainty_name in outputs
-        if len(wanted) == 0 and not uncertain:
+        uncertain: List[int] = []
+        for index, name in enumerate(self.uncertainty_names):
+            if name in outputs:
+                uncertain.append(index)
+        if len(wanted) == 0 and len(uncertain) == 0:
             return {}
         device = systems[0].positions.device
         vectors: List[torch.Tensor] = []
@@ -91,7 +99,8 @@ class MetatomicEnergy(torch.nn.Module):
         first = joined(firsts)
         second = joined(seconds)
         results: Dict[str, TensorMap] = {}
-        if uncertain:
+        if len(uncertain) > 0 and self.energy_only:
+            name = self.uncertainty_names[0]
             energies, features = self.model.energies_and_last_layer_features(
                 joined(vectors),
                 torch.cat([first, second]),
@@ -99,13 +108,13 @@ class MetatomicEnergy(torch.nn.Module):
                 joined(types),
                 True,
             )
-            per_atom = outputs[self.uncertainty_name].sample_kind == "atom"
+            per_atom = outputs[name].sample_kind == "atom"
             values, samples = self.samples_of(
                 features, systems, starts, offset, per_atom, selected_atoms
             )
             sigma = self.model.uncertainties(values).unsqueeze(1)
-            results[self.uncertainty_name] = energy_map(sigma, samples)["energy"]
-            if self.energy_only and len(wanted) == 1:
+            results[name] = energy_map(sigma, samples)["energy"]
+            if len(wanted) == 1:
                 # the energy from the same pass (ASE asks both at every step)
                 per_atom = outputs["energy"].sample_kind == "atom"
                 values, samples = self.samples_of(
@@ -113,6 +122,38 @@ class MetatomicEnergy(torch.nn.Module):
                 )
                 results["energy"] = energy_map(values, samples)["energy"]
                 return results
+            if len(wanted) == 0:
+                return results
+        elif len(uncertain) > 0:
+            every = self.model.last_layer_features(
+                joined(vectors),
+                torch.cat([first, second]),
+                torch.cat([second, first]),
+                joined(types),
+                True,
+            )
+            for index in uncertain:
+                output = self.uncertain_outputs[index]
+                name = self.uncertainty_names[index]
+                atomic = every[output]  # [atoms, components, width]
+                per_atom = outputs[name].sample_kind == "atom"
+                values, samples = self.samples_of(
+                    atomic.reshape(atomic.shape[0], -1),
+                    systems,
+                    starts,
+                    offset,
+                    per_atom,
+                    selected_atoms,
+                )
+                sigma = self.model.uncertainties_of(
+                    output, values.reshape(values.shape[0], atomic.shape[1], atomic.shape[2])
+                )
+                sigma = sigma.reshape(sigma.shape[0], -1)
+                if output in self.energy_names:
+                    results[name] = energy_map(sigma, samples)["energy"]
+                else:
+                    position = self.target_names.index(output)
+                    results[name] = self.target_map(position, sigma, samples)
             if len(wanted) == 0:
                 return results
         if self.energy_only:

@@ -1,32 +1,34 @@
-"""The energy's uncertainty by LLPR (last-layer prediction rigidity, Bigi et al., Mach.
-Learn.: Sci. Technol. 2024), computed once after training.
+"""Uncertainties by LLPR (last-layer prediction rigidity, Bigi et al., Mach. Learn.: Sci.
+Technol. 2024), computed once after training, for every energy the model learns (the
+first and its variants) and every mtt:: target whose head is linear in its last layer.
 
-A structure's energy is linear in the parameters of the model's last layers, with the
-structure's last-layer features ``f`` (the sum of its atoms') as inputs. Its
-uncertainty is ``multiplier * sqrt(f^T (C + r I)^-1 f)``, where:
+An output is linear in the parameters of the model's last layers, with an atom's
+last-layer features ``f`` (per component of a vector or tensor target) as inputs, and a
+structure's as the sum of its atoms'. Its uncertainty is ``multiplier * sqrt(f^T (C + r
+I)^-1 f)``, where, for each output on its own:
 
-* ``C`` is the sum over the training structures of ``(f/n)(f/n)^T`` (``n``: atoms; the
-  loss's energy is per atom, as in metatrain). It is a sum: every process adds its
-  share, and one all-reduce gives every number of processes the same matrix, to the
-  rounding of the sum's order.
+* ``C`` is the sum over the training samples that have the output of ``(f/n)(f/n)^T``
+  (``n``: atoms, for per-structure outputs; the loss's energy is per atom, as in
+  metatrain), every component a sample. It is a sum: every process adds its share, and
+  one all-reduce gives every number of processes the same matrices, to the rounding of
+  the sum's order.
 * ``r`` is the smallest regulariser (relative to C's mean diagonal, from 1e-12 up by
   tens; 1e-9 for a float32 model) that makes C + r I positive definite, as metatrain
   chooses it (from 1e-20, absolute). A larger one would fit in-distribution validation
   errors as well or better, but loses what LLPR is for: measured on silicon trained on
   bulk structures, surfaces had 6x the bulk's uncertainty at r = 1e-12 and less than
   the bulk's at 1.
-* The multiplier is fitted on the validation set, by the Gaussian likelihood of its
-  energy errors: sqrt(mean(error^2 / u^2)) (``u``: the uncalibrated uncertainty), from
-  sums and a count over every process's share.
+* The multiplier, one per subtarget as metatrain's, is fitted on the validation set by
+  the Gaussian likelihood of its errors: sqrt(mean(error^2 / u^2)) (``u``: the
+  uncalibrated uncertainty), from sums and counts over every process's share. An output
+  the validation set does not have is calibrated on the training set.
 
-The model keeps C, the Cholesky factor of C + r I and the multiplier as buffers, so the
+The model keeps C, the Cholesky factor of C + r I and the multipliers as buffers, so the
 exported model computes uncertainties per structure and per atom (an atom's from its own
 features).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -36,7 +38,7 @@ from ..distributed import Context
 from ..errors import AtomtrainError
 from ..models.energy_model import EnergyModel
 from .baseline import local_share
-from .evaluation import local_batches
+from .evaluation import local_batches, predict
 
 # regularisers tried, times C's mean diagonal, from the smallest a model's precision
 # allows: rounding of relative size eps in the features adds about eps^2 x width / r to
@@ -46,8 +48,13 @@ SMALLEST_REGULARIZER = {torch.float64: -12, torch.float32: -9}
 LARGEST_REGULARIZER = 2
 
 
-def atomic_last_layer(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each atom's energy [n_atoms] and last-layer features [n_atoms, width], in
+# the widest last-layer features an output gets an uncertainty for: its covariance and
+# Cholesky factor are kept in the model (4096: 2 x 134 MB in float64)
+LARGEST_WIDTH = 4096
+
+
+def atomic_last_layer(model: torch.nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+    """Each LLPR output's last-layer features per atom, [n_atoms, components, width] in
     float64, without a graph."""
     with torch.no_grad():
         vectors, half = model.edge_geometry(
@@ -58,26 +65,49 @@ def atomic_last_layer(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tenso
             batch.pair_second,
             batch.cell_shifts,
         )
-        return model.energies_and_last_layer_features(
+        return model.last_layer_features(
             vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
         )
 
 
-def structure_features(model: EnergyModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each structure's energy [n_structures] and last-layer features [n_structures,
-    width], in float64, without a graph."""
-    energies, features = atomic_last_layer(model, batch)
-    n = batch.n_structures
-    totals = energies.new_zeros(n).index_add(0, batch.system_index, energies)
-    summed = features.new_zeros((n, features.shape[1])).index_add(0, batch.system_index, features)
-    return totals, summed
+def summed(batch: Batch, atomic: torch.Tensor) -> torch.Tensor:
+    """Per-atom rows [n_atoms, ...] summed per structure, [n_structures, ...]."""
+    total = atomic.new_zeros((batch.n_structures, *atomic.shape[1:]))
+    return total.index_add(0, batch.system_index, atomic)
 
 
-def feature_width(model: EnergyModel, structures: FrameSet, context: Context, dtype) -> int:
-    """How many last-layer features the model gives (from the first structure, on every
-    rank, so that ranks without a share agree)."""
+def output_samples(
+    model: EnergyModel, name: str, batch: Batch, atomic: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """An output's samples in ``batch``: their last-layer features [samples, components,
+    width], which of them the batch knows the output of, and whether they are
+    structures (else atoms)."""
+    if name in model.energy_names:
+        variant = model.energy_names.index(name)
+        structures = batch.n_structures
+        known = torch.zeros(structures, dtype=torch.bool, device=atomic.device)
+        if batch.energy is not None:
+            variants = batch.energy_variant
+            if variants is None:
+                variants = torch.zeros(structures, dtype=torch.long, device=atomic.device)
+            known = torch.isfinite(batch.energy) & (variants == variant)
+        return summed(batch, atomic), known, True
+    per_atom = model.per_atom_targets[model.target_names.index(name)]
+    features = atomic if per_atom else summed(batch, atomic)
+    known = torch.zeros(features.shape[0], dtype=torch.bool, device=atomic.device)
+    if name in batch.targets:
+        known = batch.target_masks.get(name, ~known)
+    return features, known, not per_atom
+
+
+def feature_widths(
+    model: EnergyModel, structures: FrameSet, context: Context, dtype
+) -> dict[str, int]:
+    """How many last-layer features each LLPR output has (from the first structure, on
+    every rank, so that ranks without a share agree)."""
     batch = structures.batch([0], float(model.cutoff)).to(context.device, dtype)
-    return int(structure_features(model, batch)[1].shape[1])
+    features = atomic_last_layer(model, batch)
+    return {name: int(values.shape[2]) for name, values in features.items()}
 
 
 def shares(structures: FrameSet, model: EnergyModel, context: Context, batch_size: int, dtype):
@@ -87,17 +117,37 @@ def shares(structures: FrameSet, model: EnergyModel, context: Context, batch_siz
         yield batch.to(context.device, dtype)
 
 
-def covariance_sum(
-    model: EnergyModel, training: FrameSet, context: Context, batch_size: int, dtype
-) -> torch.Tensor:
-    """C over the training set: every rank's share, summed over ranks."""
-    width = feature_width(model, training, context, dtype)
-    covariance = torch.zeros((width, width), dtype=torch.float64, device=context.device)
+def covariance_sums(
+    model: EnergyModel,
+    widths: dict[str, int],
+    training: FrameSet,
+    context: Context,
+    batch_size: int,
+    dtype,
+) -> dict[str, torch.Tensor]:
+    """C of each output over the training set: every rank's share, summed over ranks in
+    one all-reduce."""
+    covariances = {
+        name: torch.zeros((width, width), dtype=torch.float64, device=context.device)
+        for name, width in widths.items()
+    }
     for batch in shares(training, model, context, batch_size, dtype):
-        _, features = structure_features(model, batch)
-        per_atom = features / batch.n_atoms.to(features).unsqueeze(1)
-        covariance += per_atom.T @ per_atom
-    return context.all_reduce_sum(covariance)
+        atomic = atomic_last_layer(model, batch)
+        for name, covariance in covariances.items():
+            features, known, per_structure = output_samples(model, name, batch, atomic[name])
+            features = features[known]
+            if per_structure:
+                features = features / batch.n_atoms[known].to(features).reshape(-1, 1, 1)
+            rows = features.reshape(-1, features.shape[2])
+            covariance += rows.T @ rows
+    if not covariances:
+        return covariances
+    joined = context.all_reduce_sum(torch.cat([c.reshape(-1) for c in covariances.values()]))
+    sizes = [width * width for width in widths.values()]
+    return {
+        name: part.reshape(widths[name], widths[name])
+        for name, part in zip(covariances, joined.split(sizes))
+    }
 
 
 def regularized_cholesky(covariance: torch.Tensor, relative: float) -> torch.Tensor | None:
@@ -129,28 +179,58 @@ def smallest_regularizer(
     )
 
 
+def raw_variances(factor: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """f^T (C + r I)^-1 f of each row of ``features`` [samples, components, width],
+    [samples, components, 1]."""
+    rows = features.reshape(-1, features.shape[2])
+    solved = torch.linalg.solve_triangular(factor, rows.T, upper=False)
+    return (solved * solved).sum(0).reshape(features.shape[0], features.shape[1], 1)
+
+
 def calibration_sums(
     model: EnergyModel,
-    factor: torch.Tensor,
+    factors: dict[str, torch.Tensor],
     structures: FrameSet,
     context: Context,
     batch_size: int,
     dtype: torch.dtype,
-) -> torch.Tensor:
-    """This rank's sum of error^2/u^2 (u: the uncalibrated uncertainty) over its share of
-    ``structures`` with a known energy, and their count, batch by batch."""
-    sums = torch.zeros(2, dtype=torch.float64, device=context.device)
+) -> dict[str, torch.Tensor]:
+    """This rank's sums of error^2/u^2 (u: the uncalibrated uncertainty) per subtarget
+    of each output, over its share of ``structures``' known samples, and their count
+    last, batch by batch."""
+    subtargets = dict(zip(model.llpr_outputs, model.llpr_subtargets))
+    sums = {
+        name: torch.zeros(subtargets[name] + 1, dtype=torch.float64, device=context.device)
+        for name in factors
+    }
     for batch in shares(structures, model, context, batch_size, dtype):
-        if batch.energy is None:
-            continue
-        predicted, features = structure_features(model, batch)
-        errors = predicted - batch.energy.to(predicted)
-        known = torch.isfinite(errors)
-        solved = torch.linalg.solve_triangular(factor, features[known].T, upper=False)
-        variance = (solved * solved).sum(0).clamp_min(1e-300)
-        ratio = (errors[known] * errors[known] / variance).sum()
-        sums += torch.stack([ratio, known.sum().to(torch.float64)])
+        with torch.no_grad():
+            predicted = predict(model, batch, forces=False, stress=False)
+        atomic = atomic_last_layer(model, batch)
+        for name, factor in factors.items():
+            features, known, _ = output_samples(model, name, batch, atomic[name])
+            if name in model.energy_names:
+                errors = (predicted["energy"] - batch.energy.to(torch.float64)).reshape(-1, 1, 1)
+            else:
+                reference = batch.targets.get(name)
+                if reference is None:
+                    continue
+                errors = predicted[name].to(torch.float64) - reference.to(torch.float64)
+                errors = errors.reshape(features.shape[0], features.shape[1], -1)
+            errors, features = errors[known], features[known]
+            variances = raw_variances(factor, features).clamp_min(1e-300)
+            ratios = (errors * errors / variances).sum((0, 1))
+            count = torch.tensor([errors.shape[0] * errors.shape[1]]).to(ratios)
+            sums[name] += torch.cat([ratios, count])
     return sums
+
+
+def reduced(context: Context, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every output's sums, summed over ranks in one all-reduce."""
+    if not sums:
+        return sums
+    joined = context.all_reduce_sum(torch.cat(list(sums.values())))
+    return dict(zip(sums, joined.split([len(part) for part in sums.values()])))
 
 
 def fit_llpr(
@@ -165,48 +245,102 @@ def fit_llpr(
     """The model's LLPR (or none, when ``uncertainty`` is "none" or it cannot be fitted);
     what the log says of it."""
     model.clear_uncertainty()
-    if uncertainty == "none" or not model.learns_energy:
+    if uncertainty == "none" or not len(training):
         return None
-    if len(model.energy_names) > 1:
-        # metatomic engines pick energy_uncertainty/<variant> with energy/<variant>:
-        # the first energy's alone would be taken for every variant's
-        return "no LLPR uncertainty: it is computed for models of one energy (no variants)"
-    if not len(training):
-        return None
-    calibration, calibration_name = validation, "validation"
-    if not len(validation):
-        calibration, calibration_name = training, "training (no validation set)"
     was_training = model.training
     model.eval()
     try:
-        covariance = covariance_sum(model, training, context, batch_size, dtype)
-        relative, factor = smallest_regularizer(covariance, dtype)
-        sums = calibration_sums(model, factor, calibration, context, batch_size, dtype)
+        fitted, said = fitted_outputs(model, training, validation, context, batch_size, dtype)
     finally:
         model.train(was_training)
-    ratio, count = context.all_reduce_sum(sums).tolist()
-    if not count > 0 or not ratio > 0:
-        return (
-            "no LLPR uncertainty: its calibration found no structure with a known energy "
-            "error (or every error zero)"
+    model.set_uncertainty(fitted)
+    return said
+
+
+def fitted_outputs(
+    model: EnergyModel,
+    training: FrameSet,
+    validation: FrameSet,
+    context: Context,
+    batch_size: int,
+    dtype: torch.dtype,
+) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], str]:
+    """Each output's covariance, Cholesky factor and multipliers, and what the log says."""
+    widths = feature_widths(model, training, context, dtype)
+    notes = [
+        f"{name}: its head is not linear in its last layer (a pseudo-tensor block)"
+        for name in model.target_names
+        if name not in model.llpr_outputs
+    ]
+    notes += [
+        f"{name}: {width} last-layer features, more than {LARGEST_WIDTH}"
+        for name, width in widths.items()
+        if width > LARGEST_WIDTH
+    ]
+    widths = {name: width for name, width in widths.items() if width <= LARGEST_WIDTH}
+    if not widths:
+        return {}, "no LLPR uncertainty for " + "; ".join(notes)
+    covariances = covariance_sums(model, widths, training, context, batch_size, dtype)
+    regularized = {
+        name: smallest_regularizer(covariance, dtype)
+        for name, covariance in covariances.items()
+        if float(torch.diagonal(covariance).sum()) > 0  # an output no structure has
+    }
+    notes += [f"{name}: no training data" for name in covariances if name not in regularized]
+    factors = {name: factor for name, (_, factor) in regularized.items()}
+    on_validation = calibration_sums(model, factors, validation, context, batch_size, dtype)
+    sums = reduced(context, on_validation)
+    uncalibrated = {name: factor for name, factor in factors.items() if not sums[name][-1] > 0}
+    if uncalibrated:  # outputs the validation set does not have
+        on_training = calibration_sums(model, uncalibrated, training, context, batch_size, dtype)
+        sums.update(reduced(context, on_training))
+    fitted, described = {}, {}
+    for name, (relative, factor) in regularized.items():
+        ratios, count = sums[name][:-1], float(sums[name][-1])
+        if not count > 0 or not bool((ratios > 0).all()):
+            notes.append(f"{name}: its calibration found no sample with a known nonzero error")
+            continue
+        multipliers = torch.sqrt(ratios / count)
+        fitted[name] = (covariances[name], factor, multipliers)
+        shown = ", ".join(f"{float(value):.4g}" for value in multipliers[:4])
+        shown += ", ..." if len(multipliers) > 4 else ""
+        described[name] = (
+            f"{name} ({widths[name]} last-layer features, regulariser {relative:.0e} x their "
+            f"mean variance, multiplier{'s' if len(multipliers) > 1 else ''} {shown} fitted "
+            f"on {int(count)} {'training' if name in uncalibrated else 'validation'} samples)"
         )
-    multiplier = math.sqrt(ratio / count)
-    model.set_uncertainty(covariance, factor, multiplier)
-    return (
-        f"LLPR uncertainty: {covariance.shape[0]} last-layer features over "
-        f"{len(training)} training structures; regulariser {relative:.0e} x the mean "
-        f"variance, multiplier {multiplier:.4g} fitted on {int(count)} {calibration_name} "
-        "structures"
-    )
+    energies = [name for name in model.energy_names if name in fitted]
+    if energies and len(energies) < len(model.energy_names):
+        # an engine takes energy_uncertainty's variant with the energy's: every energy
+        # has one, or none does (metatomic-ase refuses the model otherwise)
+        lacking = ", ".join(name for name in model.energy_names if name not in fitted)
+        notes.append(f"{', '.join(energies)}: engines need every energy's, and {lacking} lack one")
+        for name in energies:
+            del fitted[name], described[name]
+    if not described:
+        return fitted, "no LLPR uncertainty for " + "; ".join(notes)
+    said = f"LLPR uncertainty over {len(training)} training structures: "
+    said += "; ".join(described.values())
+    if not len(validation):
+        said += "; no validation set: calibrated on the training set"
+    if notes:
+        said += "; none for " + "; ".join(notes)
+    return fitted, said
 
 
 def predicted_uncertainties(
     model: torch.nn.Module, batch: Batch
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The energy uncertainty (eV) of each structure [n_structures] and of each atom's
-    energy [n_atoms] (a model with LLPR, as trained or as exported)."""
-    _, per_atom = atomic_last_layer(model, batch)
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each output's uncertainty of each structure [n_structures, components,
+    subtargets] and of each atom's contribution [n_atoms, components, subtargets], by
+    output name (a model with LLPR, as trained or as exported)."""
+    atomic = atomic_last_layer(model, batch)
+    results = {}
     with torch.no_grad():
-        per_structure = per_atom.new_zeros((batch.n_structures, per_atom.shape[1]))
-        per_structure = per_structure.index_add(0, batch.system_index, per_atom)
-        return model.uncertainties(per_structure), model.uncertainties(per_atom)
+        for name in model.uncertainty_outputs():
+            features = atomic[name]
+            results[name] = (
+                model.uncertainties_of(name, summed(batch, features)),
+                model.uncertainties_of(name, features),
+            )
+    return results
