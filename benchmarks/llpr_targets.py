@@ -119,12 +119,12 @@ def main() -> None:
             frames = evaluate(run, held, energy)
             atoms = np.array([len(frame) for frame in frames], dtype=float)
             kinds = np.array([frame.info["config_type"] for frame in frames])
-            reference = np.array([frame.info["energy"] for frame in frames]) / atoms
+            reference = np.array([frame.get_potential_energy() for frame in frames]) / atoms
             predicted = np.array([frame.info["predicted_energy"] for frame in frames]) / atoms
             sigmas = np.array([frame.info["energy_uncertainty"] for frame in frames]) / atoms
             report(energy, predicted - reference, sigmas, kinds, "meV/atom")
         errors = np.concatenate(
-            [(f.arrays["predicted_mtt_forces"] - f.arrays["forces"]).reshape(-1) for f in frames]
+            [(f.arrays["predicted_mtt_forces"] - f.get_forces()).reshape(-1) for f in frames]
         )
         sigmas = np.concatenate([f.arrays["mtt_forces_uncertainty"].reshape(-1) for f in frames])
         components = np.concatenate([[f.info["config_type"]] * 3 * len(f) for f in frames])

@@ -309,14 +309,16 @@ class TrainingOptions(Strict):
     epoch off by a near-constant amount (MACE on ethanol: 4 to 18 meV/atom, 2.3 to 3.9
     after the refit, docs/performance-notes.md)."""
     uncertainty: Literal["llpr", "none"] = "llpr"
-    """After training, the energy's uncertainty by LLPR (last-layer prediction rigidity,
-    Bigi et al. 2024, as metatrain's ``llpr``): the covariance of the features the
-    energy's last linear layers take, summed over the training set, regularised as
-    little as the model's precision allows, and a multiplier fitted on the validation
-    set (Gaussian likelihood of its errors). The exported model then has metatomic's
-    ``energy_uncertainty`` output (per structure and per atom, in eV), and ``atomtrain
-    eval`` writes it (docs/uncertainty.md). Models of several energies (variants) get
-    none yet. ``none``: no uncertainty."""
+    """After training, the uncertainties of the energies and of the mtt:: targets by
+    LLPR (last-layer prediction rigidity, Bigi et al. 2024, as metatrain's ``llpr``):
+    for each, the covariance of the features its last linear layers take, summed over
+    the training set, regularised as little as the model's precision allows, and
+    multipliers fitted on the validation set (Gaussian likelihood of its errors). The
+    exported model then has metatomic's ``energy_uncertainty`` output (per structure
+    and per atom, in eV; ``energy_uncertainty/<variant>`` for variants) and
+    ``mtt::aux::<name>_uncertainty`` for each mtt:: target whose head is linear in its
+    last layer (no pseudo-tensor block), and ``atomtrain eval`` writes them
+    (docs/uncertainty.md). ``none``: no uncertainty."""
     atomic_baseline: dict[int, float] = {}
     """Fixed per-element energies in eV ({atomic number: energy}); elements not
     listed are fitted by least squares on the training set. metatrain's form keyed by

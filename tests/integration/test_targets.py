@@ -304,6 +304,17 @@ def test_two_processes_and_a_mid_epoch_resume_give_the_one_process_model(tmp_pat
         if value.is_floating_point():
             difference = (actual[name] - value).abs().max()
             assert difference <= 1e-8 * value.abs().max().clamp_min(1e-12), name
+    # the LLPR of every output (fitted on two processes after the resume) is the one
+    # process's, to the rounding of the sums' order
+    best = [
+        torch.load(directory / "run" / "best.ckpt", weights_only=True)["best_model_state"]
+        for directory in (reference_dir, resumed_dir)
+    ]
+    assert best[0]["llpr_widths"].tolist() == [64, 32, 32, 528]
+    assert torch.equal(best[1]["llpr_widths"], best[0]["llpr_widths"])
+    # (the weights agree to 1e-8, the validation errors the multipliers come from less)
+    for name, tolerance in (("llpr_covariance", 1e-6), ("llpr_multiplier", 1e-4)):
+        torch.testing.assert_close(best[1][name], best[0][name], rtol=tolerance, atol=0)
     log = (resumed_dir / "run" / "train.log").read_text()
     assert "mtt::gap RMSE" in log and "mtt::offset RMSE" in log
     import matplotlib.image

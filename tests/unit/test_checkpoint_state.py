@@ -52,3 +52,35 @@ def test_an_older_version_is_upgraded_along_the_chain(tmp_path, monkeypatch):
     monkeypatch.delitem(checkpoint.UPGRADES, previous)
     with pytest.raises(AtomtrainError, match="cannot be upgraded"):
         load_checkpoint(path)
+
+
+def test_a_model_state_of_the_first_llpr_format_loads_with_its_uncertainty():
+    """The first LLPR format (one energy: its matrices whole, a scalar multiplier) loads
+    into the per-output format and gives the same uncertainties."""
+    from helpers import small_model
+
+    model = small_model([1, 6, 8])
+    width = 5
+    generator = torch.Generator().manual_seed(2)
+    features = torch.randn((7, width), generator=generator, dtype=torch.float64)
+    covariance = features.T @ features + torch.eye(width, dtype=torch.float64)
+    factor = torch.linalg.cholesky(covariance)
+    old = {
+        **model.state_dict(),
+        "llpr_covariance": covariance,
+        "llpr_cholesky": factor,
+        "llpr_multiplier": torch.tensor(0.5, dtype=torch.float64),
+    }
+    loaded = small_model([1, 6, 8], seed=1)
+    loaded.load_state_dict(old)
+    assert loaded.uncertainty_outputs() == ["energy"]
+    expected = 0.5 * torch.sqrt(
+        torch.einsum("nf,fg,ng->n", features, torch.linalg.inv(covariance), features)
+    )
+    torch.testing.assert_close(loaded.uncertainties(features), expected, rtol=1e-12, atol=0)
+    # and the new format round-trips; a state without LLPR clears it
+    again = small_model([1, 6, 8], seed=2)
+    again.load_state_dict(loaded.state_dict())
+    torch.testing.assert_close(again.uncertainties(features), expected, rtol=1e-12, atol=0)
+    again.load_state_dict(model.state_dict())
+    assert not again.has_uncertainty() and "llpr_widths" not in again.state_dict()
