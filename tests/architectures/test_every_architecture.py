@@ -282,7 +282,7 @@ def test_the_energy_is_linear_in_its_last_layer_features(name):
     assert float(((design @ solution).squeeze(1) - noise).abs().max()) > 0.1
 
 
-# one target of each kind LLPR takes (proper blocks only), and one it does not
+# one target of each kind whose head is linear in its last layer, and two that are not
 LLPR_SPECS = [
     TargetSpec("mtt::gap", "g", "scalar", num_subtargets=2),
     TargetSpec("mtt::dipole", "d", "cartesian", rank=1),
@@ -294,11 +294,26 @@ LLPR_SPECS = [
         num_subtargets=2,
         per_atom=True,
     ),
-    TargetSpec("mtt::polarizability", "a", "cartesian", rank=2),
+    TargetSpec("mtt::polarizability", "a", "cartesian", rank=2, num_subtargets=2),
+    TargetSpec("mtt::pseudo", "q", "spherical", irreps=(Irrep(1, -1), Irrep(2, -1))),
 ]
+LINEAR = ["energy/other", "mtt::gap", "mtt::dipole", "mtt::proper"]
 
 
-def constant_rows(model, name: str) -> list[bool]:
+def model_with_llpr_heads(name):
+    """A small model with an energy variant (learning its difference to the first
+    energy) and LLPR_SPECS' heads, all non-trivial."""
+    model = new_model(name, [1, 6, 8])
+    model.attach_targets(LLPR_SPECS, ["energy", "energy/other"], relative=[True])
+    generator = torch.Generator().manual_seed(4)
+    for head in [*model.heads, *model.variant_heads]:
+        for parameter in (head.network[-1].weight, head.network[-1].bias, head.baseline):
+            parameter.data.copy_(torch.randn(parameter.shape, generator=generator))
+        head.scale.fill_(1.3)
+    return model
+
+
+def constant_rows(name: str) -> list[bool]:
     """Which of an output's components have a constant part (bias and per-element
     baseline): its o3_lambda 0 ones."""
     if name.startswith("energy"):
@@ -307,26 +322,7 @@ def constant_rows(model, name: str) -> list[bool]:
     return [irrep.o3_lambda == 0 for irrep in spec.blocks() for _ in range(2 * irrep.o3_lambda + 1)]
 
 
-@pytest.mark.parametrize("name", ARCHITECTURES)
-def test_every_energy_and_target_is_linear_in_its_last_layer_features(name):
-    """LLPR's features of an energy variant (one learning its difference to the first
-    energy) and of each mtt:: target with proper blocks only are the inputs of their
-    heads' last linear maps: each atom's every component of every subtarget is a linear
-    function of them, plus a constant per element for o3_lambda 0 components, to float64
-    precision; a target with a pseudo block (the polarisability's antisymmetric part)
-    gets none."""
-    model = new_model(name, [1, 6, 8])
-    model.attach_targets(LLPR_SPECS, ["energy", "energy/other"], relative=[True])
-    generator = torch.Generator().manual_seed(4)
-    for head in [*model.heads, *model.variant_heads]:  # non-trivial heads
-        for parameter in (head.network[-1].weight, head.network[-1].bias, head.baseline):
-            parameter.data.copy_(torch.randn(parameter.shape, generator=generator))
-        head.scale.fill_(1.3)
-    expected = ["energy", "energy/other", "mtt::gap", "mtt::dipole", "mtt::proper"]
-    assert model.llpr_outputs == expected
-    frames = ase.io.read(ETHANOL, index=":40")
-    batch = collate(frames_as_structures(frames), model.cutoff)
-    features = atomic_last_layer(model, batch)
+def atomic_values(model, batch) -> dict[str, torch.Tensor]:
     vectors, half = model.edge_geometry(
         batch.positions,
         batch.cell,
@@ -335,20 +331,38 @@ def test_every_energy_and_target_is_linear_in_its_last_layer_features(name):
         batch.pair_second,
         batch.cell_shifts,
     )
+    return model.atomic_predictions(
+        vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
+    )
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_every_energy_and_target_is_linear_in_its_last_layer_features(name):
+    """LLPR's features of an energy variant (one learning its difference to the first
+    energy) and of each mtt:: target with proper blocks only are the inputs of their
+    heads' last linear maps: each atom's every component of every subtarget is a linear
+    function of them, plus a constant per element for o3_lambda 0 components, to float64
+    precision."""
+    model = model_with_llpr_heads(name)
+    assert model.llpr_outputs == ["energy", "energy/other"] + [s.name for s in LLPR_SPECS]
+    frames = ase.io.read(ETHANOL, index=":40")
+    batch = collate(frames_as_structures(frames), model.cutoff)
+    features = atomic_last_layer(model, batch)
     with torch.no_grad():
-        atomic = model.atomic_predictions(
-            vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
-        )
+        atomic = atomic_values(model, batch)
     element = torch.nn.functional.one_hot(model.type_to_index[batch.atomic_numbers]).double()
-    for output in model.llpr_outputs[1:]:
-        rows = features[output]  # [atoms, components, width]
-        atoms, components, width = rows.shape
-        values = atomic[output].double().reshape(atoms, components, -1)
-        constant = torch.tensor(constant_rows(model, output), dtype=torch.float64)
+    for output in LINEAR:
+        subtargets = model.llpr_subtargets[model.llpr_outputs.index(output)]
+        atoms = features[output].shape[0]
+        rows = features[output].reshape(atoms, -1, subtargets, features[output].shape[2])
+        values = atomic[output].double().reshape(atoms, -1, subtargets)
+        components = values.shape[1]
+        constant = torch.tensor(constant_rows(output), dtype=torch.float64)
         offsets = element.unsqueeze(1) * constant.reshape(1, -1, 1)
-        design = torch.cat([rows, offsets], dim=2).reshape(atoms * components, -1)
-        assert design.shape[0] > 2 * design.shape[1], output
-        for subtarget in range(values.shape[2]):
+        for subtarget in range(subtargets):
+            design = torch.cat([rows[:, :, subtarget], offsets], dim=2)
+            design = design.reshape(atoms * components, -1)
+            assert design.shape[0] > 2 * design.shape[1], output
             target = values[:, :, subtarget].reshape(-1, 1)
             solution = torch.linalg.lstsq(design, target, driver="gelsd").solution
             residual = (design @ solution - target).abs().max()
@@ -356,6 +370,44 @@ def test_every_energy_and_target_is_linear_in_its_last_layer_features(name):
         noise = torch.randn(design.shape[0], 1, dtype=torch.float64)
         solution = torch.linalg.lstsq(design, noise, driver="gelsd").solution
         assert float((design @ solution - noise).abs().max()) > 0.1, output
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_every_targets_last_layer_features_are_its_derivatives_in_that_layer(name):
+    """Each mtt:: target's LLPR features, its pseudo-tensor blocks (not linear: the
+    polarisability's antisymmetric part, spherical o3_sigma -1) included, are the derivatives of its values in its head's last linear map
+    (the weights, and the biases of its non-invariant coefficients), up to the head's
+    scale: the two have the same Gram matrix within each subtarget (which the columns'
+    order does not change), checked by autograd on two molecules."""
+    model = model_with_llpr_heads(name)
+    frames = ase.io.read(ETHANOL, index=":2")
+    batch = collate(frames_as_structures(frames), model.cutoff)
+    features = atomic_last_layer(model, batch)
+    atomic = atomic_values(model, batch)
+    for index, spec in enumerate(LLPR_SPECS):
+        head = model.heads[index]
+        last = head.network[-1]
+        invariant = torch.cat(
+            [
+                torch.full((size,), o3_lambda == 0)
+                for size, (o3_lambda, _) in zip(head.sizes, head.blocks)
+            ]
+        )
+        values = atomic[spec.name].reshape(-1)
+        derivatives = []
+        for value in values:
+            weight, bias = torch.autograd.grad(value, [last.weight, last.bias], retain_graph=True)
+            derivatives.append(torch.cat([weight.reshape(-1), bias[~invariant]]))
+        jacobian = torch.stack(derivatives).double()
+        ours = features[spec.name].reshape(values.shape[0], -1) * float(head.scale)
+        # subtargets share the columns (their weights are alike), not the weights
+        subtarget = torch.arange(values.shape[0]) % spec.num_subtargets
+        same = (subtarget.unsqueeze(0) == subtarget.unsqueeze(1)).double()
+        expected = jacobian @ jacobian.T
+        assert float((expected * (1 - same)).abs().max()) == 0
+        assert float(expected.abs().max()) > 0
+        tolerance = 1e-9 * float(expected.abs().max())
+        torch.testing.assert_close((ours @ ours.T) * same, expected, rtol=1e-9, atol=tolerance)
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

@@ -151,7 +151,8 @@ def test_metatrain_polarisability_options_train_and_the_export_gives_training_va
     assert "validation_mtt::polarizability_rmse" in columns
     found = run_exported(directory / "model.pt", QM7X, "mtt::polarizability")
     assert not found["atomtrain imported"]
-    assert found["outputs"] == ["mtt::polarizability"]  # no energy was learnt
+    # no energy was learnt; its LLPR uncertainty (the antisymmetric block linearised)
+    assert found["outputs"] == ["mtt::aux::polarizability_uncertainty", "mtt::polarizability"]
     assert found["False"]["components"] == [["xyz_1"], ["xyz_2"]]
     exported = torch.tensor(found["False"]["values"], dtype=torch.float64).reshape(4, 9)
     keys = TargetKeys(read_energy=False, require_energy=False)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..targets import TargetSpec
-from .heads import NeighborBasis, TargetHead, linear_in_last_layer
+from .heads import NeighborBasis, TargetHead
 
 
 def mirrored_half(
@@ -89,7 +89,7 @@ class EnergyModel(torch.nn.Module):
         # inherit_heads from it), per variant
         self.variant_relative: list[bool] = []
         # LLPR (training/llpr.py), for each of llpr_outputs (every energy, and each mtt::
-        # target whose head is linear in its last layer) in turn: the last-layer
+        # target) in turn: the last-layer
         # features' covariance over the training set and the Cholesky factor of it
         # regularised (each [width, width], flattened one after the other), and the
         # calibrated multipliers of the uncertainties (one per subtarget); the widths
@@ -134,9 +134,8 @@ class EnergyModel(torch.nn.Module):
             ]
         )
         self.heads_to(dtype)
-        linear = [spec for spec in specs if linear_in_last_layer(spec)]
-        self.llpr_outputs = energy_names + [spec.name for spec in linear]
-        self.llpr_subtargets = [1] * len(energy_names) + [spec.num_subtargets for spec in linear]
+        self.llpr_outputs = energy_names + [spec.name for spec in specs]
+        self.llpr_subtargets = [1] * len(energy_names) + [spec.num_subtargets for spec in specs]
         self.hypers = {
             **self.hypers,
             "targets": {
@@ -360,8 +359,9 @@ class EnergyModel(torch.nn.Module):
         atomic_numbers: torch.Tensor,
         mirrored: bool,
     ) -> dict[str, torch.Tensor]:
-        """Each of llpr_outputs' last-layer features, by name, [n_atoms, components,
-        width] in float64 (one component for an energy): the first energy's as
+        """Each of llpr_outputs' last-layer features, by name, [n_atoms, values, width]
+        in float64 (an energy: one value; an mtt:: target: its components x subtargets,
+        as its predictions lay them out): the first energy's as
         atomic_last_layer_features gives them; a variant's, its head's hidden layer (and,
         for a variant that learns its difference to the first energy, the first energy's
         scaled, since it is linear in both); an mtt:: target's, its head's."""
@@ -390,9 +390,9 @@ class EnergyModel(torch.nn.Module):
             edge_vectors.to(features.dtype), pair_first, pair_second, element_index, mirrored
         )
         for index, head in enumerate(self.heads):
-            name = self.target_names[index]
-            if name in self.llpr_outputs:
-                results[name] = head.last_layer_features(features, element_index, vectors, matrices)
+            results[self.target_names[index]] = head.last_layer_features(
+                features, element_index, vectors, matrices
+            )
         return results
 
     @torch.jit.export
@@ -411,9 +411,10 @@ class EnergyModel(torch.nn.Module):
 
     @torch.jit.export
     def uncertainties_of(self, name: str, features: torch.Tensor) -> torch.Tensor:
-        """The calibrated LLPR uncertainty of output ``name`` for each row of
-        ``features`` [n, components, width] (an atom's, or a structure's sum):
-        multiplier * sqrt(f^T (C + r I)^-1 f), [n, components, subtargets]."""
+        """The calibrated LLPR uncertainty of each value of output ``name`` from its
+        last-layer features ``features`` [n, values, width] (an atom's, or a structure's
+        sum; values: components x subtargets, 1 for an energy): multiplier *
+        sqrt(f^T (C + r I)^-1 f), [n, components, subtargets]."""
         index = self.llpr_outputs.index(name)
         start, first_multiplier = 0, 0
         for before in range(index):
@@ -427,7 +428,9 @@ class EnergyModel(torch.nn.Module):
         ]
         rows = features.to(torch.float64).reshape(-1, width)
         solved = torch.linalg.solve_triangular(cholesky, rows.transpose(0, 1), upper=False)
-        sigma = torch.sqrt((solved * solved).sum(0)).reshape(features.shape[0], -1, 1)
+        sigma = torch.sqrt((solved * solved).sum(0))
+        subtargets = self.llpr_subtargets[index]
+        sigma = sigma.reshape(features.shape[0], features.shape[1] // subtargets, subtargets)
         return sigma * multipliers.reshape(1, 1, -1)
 
     @torch.jit.export

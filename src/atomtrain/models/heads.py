@@ -107,14 +107,6 @@ class NeighborBasis(torch.nn.Module):
         return vectors, matrices
 
 
-def linear_in_last_layer(spec: TargetSpec) -> bool:
-    """Whether a target's head's outputs are linear in its last layer's weights (what
-    LLPR needs): scalars and proper blocks are; a pseudo block, a product of two or
-    three learnt mixtures (the antisymmetric part of a Cartesian rank-2 target), is
-    not."""
-    return all(irrep.o3_sigma == 1 for irrep in spec.blocks())
-
-
 def coefficients_of(o3_lambda: int, o3_sigma: int, channels: int) -> int:
     """Invariant coefficients a block needs per subtarget."""
     if o3_lambda == 0:
@@ -189,7 +181,6 @@ class TargetHead(torch.nn.Module):
         # the o3_lambda 0 block's per-element baseline (its position in self.blocks), and
         # the scale of every output: fitted from the training data
         self.isotropic = self.blocks.index((0, 1)) if (0, 1) in self.blocks else -1
-        self.linear_in_last_layer = linear_in_last_layer(spec)
         self.register_buffer(
             "baseline", torch.zeros((n_types, spec.num_subtargets), dtype=torch.float64)
         )
@@ -256,42 +247,52 @@ class TargetHead(torch.nn.Module):
         vectors: torch.Tensor,
         matrices: torch.Tensor,
     ) -> torch.Tensor:
-        """Each output component's features in the last linear map's weights, [atoms,
-        components, last_layer_width] in float64, the components laid out as forward's
-        (every subtarget has the same, in its own weights). A block of o3_lambda 0 takes
-        the hidden layer (its bias is a constant input, left out as the energy's); one of
-        o3_lambda 1 or 2 (proper only: see linear_in_last_layer) takes each basis
-        function's component times the hidden layer and the bias. Blocks use disjoint
-        weights: each fills its own columns."""
-        hidden = self.hidden(features, element_index).to(torch.float64)
+        """The derivatives of each output value (components and subtargets, laid out as
+        forward's) in the last linear map's weights, up to the scale: [atoms, width,
+        last-layer width] in float64. A block of o3_lambda 0 takes the hidden layer (its
+        bias is a constant input, left out as the energy's); a block of o3_lambda 1 or 2
+        takes each coefficient's derivative (a basis vector's or matrix's components, and
+        for a pseudo block, a product of the other mixtures with them) times the hidden
+        layer and the bias. Proper blocks are linear in the weights, so these are their
+        exact features; a pseudo block's are its linearisation at the trained weights
+        (Gauss-Newton's). Blocks use disjoint weights, each its own columns; every
+        subtarget has its own weights with the same columns."""
+        hidden = self.hidden(features, element_index)
+        coefficients = self.network[3](hidden).to(torch.float64)
+        hidden = hidden.to(torch.float64)
         n_atoms = hidden.shape[0]
+        s = self.subtargets
         with_bias = torch.cat([hidden, torch.ones_like(hidden[:, :1])], dim=1)
-        parts: list[torch.Tensor] = []
-        for o3_lambda, _ in self.blocks:
+        parts: list[torch.Tensor] = []  # each [atoms, 2 lambda + 1, s, block width]
+        offset = 0
+        for position, (o3_lambda, o3_sigma) in enumerate(self.blocks):
+            size = self.sizes[position]
+            c = coefficients[:, offset : offset + size]
+            offset += size
             if o3_lambda == 0:
-                parts.append(hidden.unsqueeze(1))
+                parts.append(hidden.reshape(n_atoms, 1, 1, -1).expand(-1, -1, s, -1))
                 continue
-            if o3_lambda == 1:  # [atoms, K, 3] in y, z, x: metatensor's o3_mu -1, 0, 1
-                basis = vectors.to(torch.float64).index_select(
-                    2, torch.tensor([1, 2, 0], device=vectors.device)
-                )
-            else:  # [atoms, K, 5]
-                basis = spherical_from_matrix(matrices.to(torch.float64))
-            outer = basis.transpose(1, 2).unsqueeze(3) * with_bias.reshape(n_atoms, 1, 1, -1)
-            parts.append(outer.reshape(n_atoms, outer.shape[1], -1))
-        rows, width = 0, 0
+            mixtures = c.reshape(n_atoms, size // (self.channels * s), self.channels, s)
+            gradients = coefficient_gradients(
+                o3_lambda,
+                o3_sigma,
+                mixtures,
+                vectors.to(torch.float64),
+                matrices.to(torch.float64),
+            )  # [atoms, components, s, mixtures x K]
+            outer = gradients.unsqueeze(4) * with_bias.reshape(n_atoms, 1, 1, 1, -1)
+            parts.append(outer.reshape(n_atoms, outer.shape[1], s, -1))
+        total = 0
         for part in parts:
-            rows += part.shape[1]
-            width += part.shape[2]
-        result = hidden.new_zeros((n_atoms, rows, width))
-        row, column = 0, 0
-        for part in parts:
-            result[:, row : row + part.shape[1], column : column + part.shape[2]] = part
-            row += part.shape[1]
-            column += part.shape[2]
-        if self.kind == "cartesian" and self.rank == 1:  # back to x, y, z, as layout does
-            result = result.index_select(1, torch.tensor([2, 0, 1], device=result.device))
-        return result
+            total += part.shape[3]
+        made: list[torch.Tensor] = []
+        column = 0
+        for part in parts:  # each block in its own columns, laid out as forward's
+            placed = hidden.new_zeros((n_atoms, part.shape[1], s, total))
+            placed[:, :, :, column : column + part.shape[3]] = part
+            column += part.shape[3]
+            made.append(placed.reshape(n_atoms, part.shape[1], s * total))
+        return self.layout(made).reshape(n_atoms, -1, total)
 
     @torch.jit.unused
     def networks_to(self, dtype: torch.dtype) -> None:
@@ -318,6 +319,50 @@ class TargetHead(torch.nn.Module):
         identity = torch.eye(3, dtype=trace.dtype, device=trace.device)
         matrix = matrix + trace.transpose(1, 2).unsqueeze(-1) * identity
         return matrix.permute(0, 2, 3, 1)  # [atoms, 3, 3, s]
+
+
+def coefficient_gradients(
+    o3_lambda: int,
+    o3_sigma: int,
+    mixtures: torch.Tensor,
+    vectors: torch.Tensor,
+    matrices: torch.Tensor,
+) -> torch.Tensor:
+    """The derivatives of a block's components in its invariant coefficients, as
+    TargetHead.forward makes the block of them: [atoms, 2 lambda + 1, subtargets,
+    mixtures x K] (``mixtures``: the coefficients [atoms, mixtures, K, subtargets]; the
+    components in metatensor's o3_mu order)."""
+    n_atoms, k, s = mixtures.shape[0], mixtures.shape[2], mixtures.shape[3]
+    if o3_sigma == 1:  # linear: the basis itself, the same for every subtarget
+        if o3_lambda == 1:  # y, z, x
+            basis = vectors.index_select(2, torch.tensor([1, 2, 0], device=vectors.device))
+        else:
+            basis = spherical_from_matrix(matrices)
+        return basis.transpose(1, 2).unsqueeze(2).expand(-1, -1, s, -1)
+    u = torch.einsum("amks,akx->amxs", mixtures, vectors)  # [atoms, m, 3, s]
+    v = vectors.unsqueeze(3).expand(-1, -1, -1, s)  # [atoms, K, 3, s]
+    if o3_lambda == 1:  # u_1 x u_2
+        first = torch.cross(v, u[:, 1].unsqueeze(1).expand(-1, k, -1, -1), dim=2)
+        second = torch.cross(u[:, 0].unsqueeze(1).expand(-1, k, -1, -1), v, dim=2)
+        stacked = torch.stack([first, second], dim=1)  # [atoms, 2, K, 3, s]
+        vector = stacked.permute(0, 3, 4, 1, 2).reshape(n_atoms, 3, s, 2 * k)
+        return vector.index_select(1, torch.tensor([1, 2, 0], device=vector.device))
+    # the symmetric traceless part of u_0 (u_1 x u_2)^T
+    axial = torch.cross(u[:, 1], u[:, 2], dim=1)  # [atoms, 3, s]
+    u0 = u[:, 0].unsqueeze(1).unsqueeze(3)  # [atoms, 1, 3, 1, s]
+    through_first = torch.cross(v, u[:, 2].unsqueeze(1).expand(-1, k, -1, -1), dim=2)
+    through_second = torch.cross(u[:, 1].unsqueeze(1).expand(-1, k, -1, -1), v, dim=2)
+    outers = torch.stack(
+        [
+            v.unsqueeze(3) * axial.reshape(n_atoms, 1, 1, 3, s),
+            u0 * through_first.unsqueeze(2),
+            u0 * through_second.unsqueeze(2),
+        ],
+        dim=1,
+    )  # [atoms, 3, K, 3, 3, s]
+    matrix = symmetric_traceless(outers.permute(0, 1, 2, 5, 3, 4))  # [atoms, 3, K, s, 3, 3]
+    components = spherical_from_matrix(matrix)  # [atoms, 3, K, s, 5]
+    return components.permute(0, 4, 3, 1, 2).reshape(n_atoms, 5, s, 3 * k)
 
 
 def matrix_from_spherical(components: torch.Tensor) -> torch.Tensor:

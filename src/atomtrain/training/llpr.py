@@ -1,17 +1,19 @@
 """Uncertainties by LLPR (last-layer prediction rigidity, Bigi et al., Mach. Learn.: Sci.
 Technol. 2024), computed once after training, for every energy the model learns (the
-first and its variants) and every mtt:: target whose head is linear in its last layer.
+first and its variants) and every mtt:: target.
 
 An output is linear in the parameters of the model's last layers, with an atom's
-last-layer features ``f`` (per component of a vector or tensor target) as inputs, and a
-structure's as the sum of its atoms'. Its uncertainty is ``multiplier * sqrt(f^T (C + r
-I)^-1 f)``, where, for each output on its own:
+last-layer features ``f`` (per value of a vector or tensor target: components x
+subtargets) as inputs, and a structure's as the sum of its atoms'; an mtt:: target's
+pseudo-tensor block (a product of learnt mixtures) is linearised at the trained weights
+(its features are its derivatives in them, Gauss-Newton's). Its uncertainty is
+``multiplier * sqrt(f^T (C + r I)^-1 f)``, where, for each output on its own:
 
 * ``C`` is the sum over the training samples that have the output of ``(f/n)(f/n)^T``
   (``n``: atoms, for per-structure outputs; the loss's energy is per atom, as in
-  metatrain), every component a sample. It is a sum: every process adds its share, and
-  one all-reduce gives every number of processes the same matrices, to the rounding of
-  the sum's order.
+  metatrain), every value a sample (subtargets pool their weights' precision). It is a
+  sum: every process adds its share, and one all-reduce gives every number of processes
+  the same matrices, to the rounding of the sum's order.
 * ``r`` is the smallest regulariser (relative to C's mean diagonal, from 1e-12 up by
   tens; 1e-9 for a float32 model) that makes C + r I positive definite, as metatrain
   chooses it (from 1e-20, absolute). A larger one would fit in-distribution validation
@@ -54,7 +56,7 @@ LARGEST_WIDTH = 4096
 
 
 def atomic_last_layer(model: torch.nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-    """Each LLPR output's last-layer features per atom, [n_atoms, components, width] in
+    """Each LLPR output's last-layer features per atom, [n_atoms, values, width] in
     float64, without a graph."""
     with torch.no_grad():
         vectors, half = model.edge_geometry(
@@ -79,7 +81,7 @@ def summed(batch: Batch, atomic: torch.Tensor) -> torch.Tensor:
 def output_samples(
     model: EnergyModel, name: str, batch: Batch, atomic: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """An output's samples in ``batch``: their last-layer features [samples, components,
+    """An output's samples in ``batch``: their last-layer features [samples, values,
     width], which of them the batch knows the output of, and whether they are
     structures (else atoms)."""
     if name in model.energy_names:
@@ -180,11 +182,11 @@ def smallest_regularizer(
 
 
 def raw_variances(factor: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-    """f^T (C + r I)^-1 f of each row of ``features`` [samples, components, width],
-    [samples, components, 1]."""
+    """f^T (C + r I)^-1 f of each value's features in ``features`` [samples, values,
+    width], [samples, values]."""
     rows = features.reshape(-1, features.shape[2])
     solved = torch.linalg.solve_triangular(factor, rows.T, upper=False)
-    return (solved * solved).sum(0).reshape(features.shape[0], features.shape[1], 1)
+    return (solved * solved).sum(0).reshape(features.shape[0], features.shape[1])
 
 
 def calibration_sums(
@@ -209,19 +211,20 @@ def calibration_sums(
         atomic = atomic_last_layer(model, batch)
         for name, factor in factors.items():
             features, known, _ = output_samples(model, name, batch, atomic[name])
+            reference = batch.targets.get(name)
             if name in model.energy_names:
-                errors = (predicted["energy"] - batch.energy.to(torch.float64)).reshape(-1, 1, 1)
-            else:
-                reference = batch.targets.get(name)
-                if reference is None:
-                    continue
-                errors = predicted[name].to(torch.float64) - reference.to(torch.float64)
-                errors = errors.reshape(features.shape[0], features.shape[1], -1)
+                reference = None if batch.energy is None else batch.energy.reshape(-1, 1)
+            if reference is None:
+                continue
+            output = predicted["energy" if name in model.energy_names else name]
+            errors = output.to(torch.float64).reshape(reference.shape) - reference
             errors, features = errors[known], features[known]
             variances = raw_variances(factor, features).clamp_min(1e-300)
-            ratios = (errors * errors / variances).sum((0, 1))
-            count = torch.tensor([errors.shape[0] * errors.shape[1]]).to(ratios)
-            sums[name] += torch.cat([ratios, count])
+            each = subtargets[name]
+            ratios = errors * errors / variances
+            ratios = ratios.reshape(errors.shape[0], errors.shape[1] // each, each)
+            count = torch.tensor([ratios.shape[0] * ratios.shape[1]]).to(ratios)
+            sums[name] += torch.cat([ratios.sum((0, 1)), count])
     return sums
 
 
@@ -268,11 +271,6 @@ def fitted_outputs(
     """Each output's covariance, Cholesky factor and multipliers, and what the log says."""
     widths = feature_widths(model, training, context, dtype)
     notes = [
-        f"{name}: its head is not linear in its last layer (a pseudo-tensor block)"
-        for name in model.target_names
-        if name not in model.llpr_outputs
-    ]
-    notes += [
         f"{name}: {width} last-layer features, more than {LARGEST_WIDTH}"
         for name, width in widths.items()
         if width > LARGEST_WIDTH
