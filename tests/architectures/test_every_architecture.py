@@ -375,10 +375,11 @@ def test_every_energy_and_target_is_linear_in_its_last_layer_features(name):
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_every_targets_last_layer_features_are_its_derivatives_in_that_layer(name):
     """Each mtt:: target's LLPR features, its pseudo-tensor blocks (not linear: the
-    polarisability's antisymmetric part, spherical o3_sigma -1) included, are the derivatives of its values in its head's last linear map
-    (the weights, and the biases of its non-invariant coefficients), up to the head's
-    scale: the two have the same Gram matrix within each subtarget (which the columns'
-    order does not change), checked by autograd on two molecules."""
+    polarisability's antisymmetric part, spherical o3_sigma -1) included, are the
+    derivatives of its values in its head's last linear map (the weights, and the
+    biases of its non-invariant coefficients), up to the head's scale: the two have the
+    same Gram matrix within each subtarget (which the columns' order does not change),
+    checked by autograd on two molecules."""
     model = model_with_llpr_heads(name)
     frames = ase.io.read(ETHANOL, index=":2")
     batch = collate(frames_as_structures(frames), model.cutoff)

@@ -459,7 +459,7 @@ print(json.dumps(found))
 """
 
 
-def test_every_energy_and_linear_target_has_an_llpr_uncertainty(two_energies, tmp_path):
+def test_every_energy_and_target_has_an_llpr_uncertainty(two_energies, tmp_path, capsys):
     """Both energies, the scalar and the per-atom vector get LLPR uncertainties: the
     export gives them by metatomic's and metatrain's names, per structure and per atom,
     as the training model computes them, and eval writes them beside the predictions."""
@@ -498,6 +498,9 @@ def test_every_energy_and_linear_target_has_an_llpr_uncertainty(two_energies, tm
     description.write_text(yaml.safe_dump({"systems": str(data), "targets": QM9_TARGETS}))
     output = tmp_path / "predictions.xyz"
     assert main(["eval", str(model), str(description), "-o", str(output)]) == 0
+    said = capsys.readouterr().out
+    assert "mtt::gap uncertainty (LLPR): root mean square" in said
+    assert "mtt::offset uncertainty (LLPR): root mean square" in said
     atoms = ase.io.read(output, 1)
     gap, offset = expected["mtt::gap"][0][1], expected["mtt::offset"][1]
     assert atoms.info["mtt_gap_uncertainty"] == pytest.approx(float(gap.reshape(())), rel=1e-8)

@@ -370,8 +370,7 @@ def run(arguments: argparse.Namespace) -> int:
         table = {whole: metrics, **(per_file if len(files) > 1 else {})}
         which = f"the best model of {arguments.model}" if from_checkpoint else str(arguments.model)
         logger.info(metrics_table(table, f"metrics of {which}"))
-        said = uncertainty_summary(structures, predictions)
-        if said:
+        for said in uncertainty_summary(structures, predictions):
             logger.info(said)
         pairs = parity_pairs(structures, predictions)
         parity_plot(arguments.output.with_suffix(".png"), pairs)
@@ -379,26 +378,48 @@ def run(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def uncertainty_summary(structures, predictions) -> str:
-    """How the LLPR uncertainties compare with the errors where energies are known: the
-    root mean square of each, per atom, and the rank correlation of one with the other."""
+def uncertainty_summary(structures, predictions) -> list[str]:
+    """How the LLPR uncertainties compare with the errors where the data has reference
+    values: the root mean square of each (the energy's per atom, a target's per value),
+    and the rank correlation of one with the other."""
+    lines = []
     known = [
         (s, p)
         for s, p in zip(structures, predictions)
         if s.energy is not None and "energy_uncertainty" in p
     ]
-    if len(known) < 2:
-        return ""
-    atoms = np.array([s.n_atoms for s, _ in known], dtype=np.float64)
-    errors = np.array([p["energy"] - s.energy for s, p in known]) / atoms
-    sigmas = np.array([p["energy_uncertainty"] for _, p in known]) / atoms
-    sigma, error = (1e3 * np.sqrt(np.mean(values**2)) for values in (sigmas, errors))
-    correlation = spearman(np.abs(errors), sigmas)
-    return (
-        f"energy uncertainty (LLPR): root mean square {sigma:.4g} meV/atom against an "
-        f"error of {error:.4g} meV/atom; Spearman rank correlation of |error| and "
-        f"uncertainty {correlation:.2f}"
-    )
+    if len(known) >= 2:
+        atoms = np.array([s.n_atoms for s, _ in known], dtype=np.float64)
+        errors = np.array([p["energy"] - s.energy for s, p in known]) / atoms
+        sigmas = np.array([p["energy_uncertainty"] for _, p in known]) / atoms
+        sigma, error = (1e3 * np.sqrt(np.mean(values**2)) for values in (sigmas, errors))
+        lines.append(
+            f"energy uncertainty (LLPR): root mean square {sigma:.4g} meV/atom against an "
+            f"error of {error:.4g} meV/atom; Spearman rank correlation of |error| and "
+            f"uncertainty {spearman(np.abs(errors), sigmas):.2f}"
+        )
+    for name in dict.fromkeys(n for p in predictions for n in p.get("uncertainties", {})):
+        pairs = [(s, p) for s, p in zip(structures, predictions) if name in s.targets]
+        if len(pairs) < 2:
+            continue
+        errors = np.concatenate(
+            [(p["targets"][name] - reference_of(s, p, name)).reshape(-1) for s, p in pairs]
+        )
+        sigmas = np.concatenate([p["uncertainties"][name].reshape(-1) for _, p in pairs])
+        finite = np.isfinite(errors)
+        errors, sigmas = errors[finite], sigmas[finite]
+        sigma, error = (np.sqrt(np.mean(values**2)) for values in (sigmas, errors))
+        lines.append(
+            f"{name} uncertainty (LLPR): root mean square {sigma:.4g} against an error of "
+            f"{error:.4g} (per value, in its unit); Spearman rank correlation of |error| and "
+            f"uncertainty {spearman(np.abs(errors), sigmas):.2f}"
+        )
+    return lines
+
+
+def reference_of(structure, prediction: dict, name: str) -> np.ndarray:
+    """A structure's reference values of target ``name``, shaped as its prediction."""
+    return structure.targets[name].numpy().reshape(prediction["targets"][name].shape)
 
 
 def spearman(first: np.ndarray, second: np.ndarray) -> float:
