@@ -47,7 +47,7 @@ from atomtrain.targets import Irrep, TargetSpec
 from atomtrain.training.checkpoint import best_model, load_checkpoint
 from atomtrain.training.compiled import CompiledPredictions
 from atomtrain.training.evaluation import predict
-from atomtrain.training.llpr import atomic_last_layer
+from atomtrain.training.llpr import atomic_last_layer, edge_inputs
 
 from conftest import RESOURCES
 from helpers import (
@@ -252,18 +252,8 @@ def test_the_energy_is_linear_in_its_last_layer_features(name):
     model = new_model(name, [1, 6, 8])
     frames = ase.io.read(ETHANOL, index=":40")
     batch = collate(frames_as_structures(frames), model.cutoff)
-    vectors, half = model.edge_geometry(
-        batch.positions,
-        batch.cell,
-        batch.system_index,
-        batch.pair_first,
-        batch.pair_second,
-        batch.cell_shifts,
-    )
     with torch.no_grad():
-        energies, features = model.energies_and_last_layer_features(
-            vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
-        )
+        energies, features = model.energies_and_last_layer_features(*edge_inputs(model, batch))
     # what LLPR takes as the energy's features
     assert torch.equal(atomic_last_layer(model, batch)["energy"][:, 0], features)
     expected = run_model(model, frames_as_structures(frames), forces=False)["energy"]
@@ -322,20 +312,6 @@ def constant_rows(name: str) -> list[bool]:
     return [irrep.o3_lambda == 0 for irrep in spec.blocks() for _ in range(2 * irrep.o3_lambda + 1)]
 
 
-def atomic_values(model, batch) -> dict[str, torch.Tensor]:
-    vectors, half = model.edge_geometry(
-        batch.positions,
-        batch.cell,
-        batch.system_index,
-        batch.pair_first,
-        batch.pair_second,
-        batch.cell_shifts,
-    )
-    return model.atomic_predictions(
-        vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
-    )
-
-
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_every_energy_and_target_is_linear_in_its_last_layer_features(name):
     """LLPR's features of an energy variant (one learning its difference to the first
@@ -349,7 +325,7 @@ def test_every_energy_and_target_is_linear_in_its_last_layer_features(name):
     batch = collate(frames_as_structures(frames), model.cutoff)
     features = atomic_last_layer(model, batch)
     with torch.no_grad():
-        atomic = atomic_values(model, batch)
+        atomic = model.atomic_predictions(*edge_inputs(model, batch))
     element = torch.nn.functional.one_hot(model.type_to_index[batch.atomic_numbers]).double()
     for output in LINEAR:
         subtargets = model.llpr_subtargets[model.llpr_outputs.index(output)]
@@ -384,7 +360,7 @@ def test_every_targets_last_layer_features_are_its_derivatives_in_that_layer(nam
     frames = ase.io.read(ETHANOL, index=":2")
     batch = collate(frames_as_structures(frames), model.cutoff)
     features = atomic_last_layer(model, batch)
-    atomic = atomic_values(model, batch)
+    atomic = model.atomic_predictions(*edge_inputs(model, batch))
     for index, spec in enumerate(LLPR_SPECS):
         head = model.heads[index]
         last = head.network[-1]

@@ -230,8 +230,7 @@ class TargetHead(torch.nn.Module):
 
     def coefficients(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
         """The network's invariant outputs for each atom."""
-        hidden = self.first(features) + self.element(element_index)
-        return self.network(hidden)
+        return self.network[3](self.hidden(features, element_index))
 
     def hidden(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
         """The input of the network's last linear map, [atoms, HIDDEN_WIDTH]: the head's

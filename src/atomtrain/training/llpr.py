@@ -55,21 +55,25 @@ LARGEST_REGULARIZER = 2
 LARGEST_WIDTH = 4096
 
 
+def edge_inputs(model: torch.nn.Module, batch: Batch) -> tuple:
+    """What the model's per-atom entry points take for ``batch``: the pairs' vectors,
+    the pairs, the atomic numbers and whether the pairs are mirrored."""
+    vectors, half = model.edge_geometry(
+        batch.positions,
+        batch.cell,
+        batch.system_index,
+        batch.pair_first,
+        batch.pair_second,
+        batch.cell_shifts,
+    )
+    return vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
+
+
 def atomic_last_layer(model: torch.nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
     """Each LLPR output's last-layer features per atom, [n_atoms, values, width] in
     float64, without a graph."""
     with torch.no_grad():
-        vectors, half = model.edge_geometry(
-            batch.positions,
-            batch.cell,
-            batch.system_index,
-            batch.pair_first,
-            batch.pair_second,
-            batch.cell_shifts,
-        )
-        return model.last_layer_features(
-            vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
-        )
+        return model.last_layer_features(*edge_inputs(model, batch))
 
 
 def summed(batch: Batch, atomic: torch.Tensor) -> torch.Tensor:
