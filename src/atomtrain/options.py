@@ -750,6 +750,12 @@ class DatasetOptions(Strict):
     there. Give the section its own energy variant (``targets: {energy/pretrained:
     {key: energy}}``) to train it on a head of its own, as MACE's multi-head fine-tuning
     does, and a weight."""
+    extra_data: dict[str, OtherTargetOptions] = {}
+    """metatrain's extra data: values that are not targets, by name, with a target's
+    keys (key, type, per_atom, unit, ...). Read and checked in every frame as a target
+    is (a frame lacking one is named), and not trained on: metatrain's losses use extra
+    data only for its masked loss types (``<target>_mask``), which atomtrain does not
+    have."""
     epoch_fraction: Annotated[float, Field(ge=0)] = 1.0
     """Training sets: how often each of this section's structures is seen per epoch, on
     average: 1 once; 0.25 a quarter of them, chosen anew each epoch from the seed; 2
@@ -844,6 +850,12 @@ class Options(Strict):
     (more than 500 on average), short_distances, long_distances (nearest neighbors
     unlike bonded or packed matter: a length unit), energy_spread, force_scale (an
     energy unit)."""
+
+    def data_sections(self) -> list[DatasetOptions]:
+        """Every data set section: training's, and validation's and test's when given as
+        data sets rather than fractions."""
+        sections = [self.training_set, self.validation_set, self.test_set]
+        return [dataset for section in sections if isinstance(section, list) for dataset in section]
 
     @field_validator("training_set", "validation_set", "test_set", mode="before")
     @classmethod
@@ -993,14 +1005,13 @@ def _resolve_paths(options: Options, base: Path) -> Options:
     if key is not None and getattr(options.architecture.model, key) is not None:
         start_file = getattr(options.architecture.model, key)
         setattr(options.architecture.model, key, _resolved(start_file, base))
-    for section in (options.training_set, options.validation_set, options.test_set):
-        for dataset in section if isinstance(section, list) else []:
-            dataset.systems.read_from = _resolved(dataset.systems.read_from, base)
-            holders = dataset.targets.energy.file_holders() if dataset.targets.energy else []
-            holders += list(dataset.targets.others.values())
-            for holder in holders:
-                if holder.read_from:
-                    holder.read_from = _resolved(holder.read_from, base)
+    for dataset in options.data_sections():
+        dataset.systems.read_from = _resolved(dataset.systems.read_from, base)
+        holders = dataset.targets.energy.file_holders() if dataset.targets.energy else []
+        holders += [*dataset.targets.others.values(), *dataset.extra_data.values()]
+        for holder in holders:
+            if holder.read_from:
+                holder.read_from = _resolved(holder.read_from, base)
     return options
 
 

@@ -640,3 +640,51 @@ def test_a_target_reads_the_same_from_a_file_and_from_a_directory(tmp_path):
     (directory / "dipole.bin").unlink()
     (directory / "atomtrain_dipole64.bin").unlink()
     one_line_error(train(tmp_path / "directory", options, "--check"), "no dipole.bin")
+
+
+# metatrain's tests/resources/options-extra-data.yaml, as it is (its data file's path)
+METATRAIN_EXTRA_DATA = """
+seed: 42
+
+architecture:
+  name: soap_bpnn
+  training:
+    batch_size: 5
+    num_epochs: 1
+  model:
+    soap:
+      max_radial: 4
+      max_angular: 2
+
+training_set:
+  systems:
+    read_from: {data}
+    length_unit: angstrom
+  targets:
+    energy:
+      key: U0
+      unit: eV
+  extra_data:
+    extra:
+      key: {extra_key}
+      unit: eV
+
+test_set: 0.5
+validation_set: 0.1
+"""
+
+
+def test_metatrains_extra_data_options_train_unchanged(tmp_path, capsys):
+    """metatrain's options-extra-data.yaml trains: its extra data is read and checked
+    in every frame, and a key no frame has is named in one line, exit 2."""
+    options = tmp_path / "options.yaml"
+    options.write_text(METATRAIN_EXTRA_DATA.format(data=QM9, extra_key="U0"))
+    assert main(["train", str(options), "--outputs", str(tmp_path / "outputs")]) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    log = (run / "train.log").read_text()
+    assert "extra_data extra (key U0): read and checked in every frame, not trained on" in log
+    options.write_text(METATRAIN_EXTRA_DATA.format(data=QM9, extra_key="charges"))
+    capsys.readouterr()
+    assert main(["train", str(options), "--check"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "qm9_reduced_100.xyz" in line and "frame 0" in line and "'charges'" in line

@@ -76,6 +76,8 @@ class TargetKeys:
     require_energy: bool = True
     read_energy: bool = True  # False: the section has no energy target (mtt:: ones only)
     others: tuple[TargetSpec, ...] = ()  # mtt:: targets, read from every frame
+    # metatrain's extra data: checked in every frame as targets are, and not kept
+    extra: tuple[TargetSpec, ...] = ()
     weight: str | None = None  # a per-structure loss weight in each frame's info
 
 
@@ -363,6 +365,8 @@ class FrameReader:
                 'give a Lattice or set pbc="F F F"',
             )
         self.check_distances(index, positions, cell, np.asarray(atoms.pbc, dtype=bool))
+        for spec in self.keys.extra:
+            self.other_target_of(index, atoms, spec)
         return Structure(
             positions=torch.from_numpy(positions),
             atomic_numbers=torch.from_numpy(atoms.numbers.astype(np.int64)),

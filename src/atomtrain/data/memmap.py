@@ -170,15 +170,16 @@ def other_targets(data: MemmapDirectory, keys: TargetKeys) -> dict[str, TargetCo
     """The mtt:: targets of a directory: ``<key>.bin``, float32 (ns or na, *components,
     subtargets) as metatrain writes them, every structure's known."""
     columns = {}
-    for spec in keys.others:
+    for spec in keys.others + keys.extra:
         values = data.target(spec.key, spec.per_atom, (spec.width,))
         if values is None:
             raise DataError(
                 f"{data.path}: no {spec.key}.bin for target {spec.name}; set the target's "
                 "'key' to the name of the file holding it"
             )
-        known = np.ones(data.count, dtype=bool)
-        columns[spec.name] = TargetColumn(values, known, spec.per_atom)
+        if spec in keys.others:  # extra data is checked, not kept
+            known = np.ones(data.count, dtype=bool)
+            columns[spec.name] = TargetColumn(values, known, spec.per_atom)
     return columns
 
 

@@ -36,6 +36,7 @@ def _gradient_choice(value, default_key: str) -> tuple[str, bool | None]:
 def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetKeys:
     energy = dataset.targets.energy
     others = tuple(dataset.targets.specs())
+    extra = tuple(options.spec(name) for name, options in dataset.extra_data.items())
     if energy is None:  # mtt:: targets only
         return TargetKeys(
             read_forces=False,
@@ -43,6 +44,7 @@ def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetK
             require_energy=False,
             read_energy=False,
             others=others,
+            extra=extra,
             weight=dataset.weight_key,
         )
     forces_key, read_forces = _gradient_choice(energy.forces, "forces")
@@ -59,13 +61,18 @@ def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetK
         read_stress=read_stress,
         require_energy=require_energy,
         others=others,
+        extra=extra,
         weight=dataset.weight_key,
     )
 
 
 def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> FrameSet:
     energy = dataset.targets.energy
-    holders = [*(energy.file_holders() if energy else []), *dataset.targets.others.values()]
+    holders = [
+        *(energy.file_holders() if energy else []),
+        *dataset.targets.others.values(),
+        *dataset.extra_data.values(),
+    ]
     for holder in holders:
         elsewhere = holder.read_from
         if elsewhere not in (None, dataset.systems.read_from):

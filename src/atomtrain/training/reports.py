@@ -32,6 +32,22 @@ def describe_data(datasets: Datasets) -> str:
     )
 
 
+def describe_extra_data(sections: list) -> str | None:
+    """What the log says of metatrain's extra data, when a section gives some."""
+    named = {
+        name: options.key or name
+        for section in sections
+        for name, options in section.extra_data.items()
+    }
+    if not named:
+        return None
+    listed = ", ".join(f"{name} (key {key})" for name, key in named.items())
+    return (
+        f"extra_data {listed}: read and checked in every frame, not trained on (metatrain "
+        "uses extra data in its masked losses only)"
+    )
+
+
 def describe_training(datasets: Datasets, finetuned_from: str | None) -> str:
     """What the model was trained on, for the exported model's description."""
     files = sorted({Path(path).name for path, _ in datasets.files["training"]})

@@ -36,7 +36,7 @@ from .freezing import freeze_for_method
 from .new_heads import extend_heads, heads_to_fit
 from .outputs import LOGGER_NAME
 from .pseudo_labels import pseudo_label
-from .reports import describe_data, describe_training
+from .reports import describe_data, describe_extra_data, describe_training
 from .sanity import check_training_data
 from .work import average_neighbors
 
@@ -305,6 +305,9 @@ def prepare(
         )
     datasets = load_datasets(options, seed, labeller(pretrained, context, options))
     logger.info(describe_data(datasets))
+    extra = describe_extra_data(options.data_sections())
+    if extra:
+        logger.info(extra)
     check_selection_metric(
         options.architecture.training.best_model_metric, validated_errors(datasets.validation)
     )
