@@ -316,9 +316,16 @@ class TrainingOptions(Strict):
     multipliers fitted on the validation set (Gaussian likelihood of its errors). The
     exported model then has metatomic's ``energy_uncertainty`` output (per structure
     and per atom, in eV; ``energy_uncertainty/<variant>`` for variants) and
-    ``mtt::aux::<name>_uncertainty`` for each mtt:: target whose head is linear in its
-    last layer (no pseudo-tensor block), and ``atomtrain eval`` writes them
-    (docs/uncertainty.md). ``none``: no uncertainty."""
+    ``mtt::aux::<name>_uncertainty`` for each mtt:: target (a pseudo-tensor block
+    linearised), and ``atomtrain eval`` writes them (docs/uncertainty.md). ``none``: no
+    uncertainty."""
+    ensemble_members: Annotated[int, Field(ge=0)] = 0
+    """With LLPR, the number of members of an ensemble of each energy's last-layer
+    weights sampled from its LLPR covariance (metatrain's ``num_ensemble_members``),
+    exported as metatomic's ``energy_ensemble`` output (``energy_ensemble/<variant>``
+    for variants): each member's energy, centred on the model's, whose forces and
+    stress come by autograd as the energy's (i-PI's metatomic driver reads it as a
+    committee, with ``energy_ensemble`` and ``force_virial_ensemble``). 0: none."""
     atomic_baseline: dict[int, float] = {}
     """Fixed per-element energies in eV ({atomic number: energy}); elements not
     listed are fitted by least squares on the training set. metatrain's form keyed by
@@ -393,6 +400,15 @@ class TrainingOptions(Strict):
             "fixed_scaling_weights": "fixed scaling weights are not implemented",
         }
     )
+
+    @model_validator(mode="after")
+    def _ensemble_with_llpr(self) -> TrainingOptions:
+        if self.ensemble_members and self.uncertainty == "none":
+            raise ValueError(
+                f"ensemble_members: {self.ensemble_members} samples LLPR's covariance: "
+                "set uncertainty: llpr, or ensemble_members: 0"
+            )
+        return self
 
     @model_validator(mode="after")
     def _atoms_per_batch_in_order(self) -> TrainingOptions:

@@ -2,12 +2,17 @@
 end to end: a model trained on bulk silicon (AIMD and strained crystals) is more
 uncertain where it errs more on held-back structures (vacancies and surfaces among
 them); the exported model's ``energy_uncertainty`` (per structure and per atom) is what
-``atomtrain eval`` writes; ``uncertainty: none`` exports none; two processes compute the
-one-process covariance."""
+``atomtrain eval`` writes; its ``energy_ensemble`` (``ensemble_members``) averages to
+the model's energy and forces and spreads as the uncertainty, and i-PI's metatomic
+driver reads it as a committee; ``uncertainty: none`` exports none; two processes
+compute the one-process covariance."""
 
 from __future__ import annotations
 
+import json
+
 import ase.io
+import ase.units
 import numpy as np
 import pytest
 import torch
@@ -20,6 +25,7 @@ from helpers import run_directories, write_options
 from test_faults import PYTHON, start_in_own_session
 
 BULK = ("AIMD-NVT", "Elastic")
+ENSEMBLE = 2000  # members: their spread matches the uncertainty to about 1.6 %
 
 
 def silicon_files(directory):
@@ -67,7 +73,7 @@ def silicon_options(directory, data, **training):
 def silicon(tmp_path_factory):
     directory = tmp_path_factory.mktemp("silicon")
     bulk, held = silicon_files(directory)
-    options = silicon_options(directory, bulk)
+    options = silicon_options(directory, bulk, ensemble_members=ENSEMBLE)
     assert main(["train", str(options), "--outputs", str(directory / "outputs")]) == 0
     (run,) = run_directories(directory / "outputs")
     predictions = directory / "held_predictions.xyz"
@@ -124,6 +130,88 @@ def test_the_exported_model_gives_the_uncertainties_eval_writes(silicon):
         torch.testing.assert_close(
             both["energy"].block().values, alone["energy"].block().values, rtol=1e-14, atol=0
         )
+
+
+def test_the_exported_ensemble_spreads_as_the_uncertainty_around_the_model(silicon):
+    """energy_ensemble: its members' mean is the model's energy, and their forces'
+    mean the model's forces (autograd through the engine's positions); their spread is
+    the LLPR uncertainty, to the sampling error of 2000 members."""
+    from metatomic.torch import (
+        ModelEvaluationOptions,
+        ModelOutput,
+        load_atomistic_model,
+        systems_to_torch,
+    )
+    from metatomic_ase import MetatomicCalculator
+    from vesin.metatomic import compute_requested_neighbors
+
+    run, held, predicted = silicon
+    path, extensions = str(run / "model.pt"), str(run / "extensions")
+    model = load_atomistic_model(path, extensions)
+    assert "energy_ensemble" in model.capabilities().outputs
+    calculator = MetatomicCalculator(path, extensions_directory=extensions)
+    for frame, written in zip(ase.io.read(held, ":3"), predicted[:3]):
+        system = systems_to_torch(frame, dtype=torch.float64, positions_requires_grad=True)
+        compute_requested_neighbors([system], "angstrom", model)
+        outputs = {
+            "energy_ensemble": ModelOutput(sample_kind="system"),
+            "energy": ModelOutput(sample_kind="system"),
+        }
+        options = ModelEvaluationOptions(length_unit="angstrom", outputs=outputs)
+        found = model([system], options, check_consistency=True)
+        values = found["energy_ensemble"].block().values.reshape(-1)
+        assert values.shape == (ENSEMBLE,)
+        energy = found["energy"].block().values.reshape(())
+        torch.testing.assert_close(values.mean(), energy, rtol=1e-12, atol=0)
+        spread = float(values.detach().std())
+        assert spread == pytest.approx(written.info["energy_uncertainty"], rel=0.08)
+        (gradient,) = torch.autograd.grad(values.mean(), system.positions)
+        frame.calc = calculator
+        np.testing.assert_allclose(-gradient.numpy(), frame.get_forces(), atol=1e-6, rtol=1e-6)
+        # and per atom: the members' atomic energies sum to theirs
+        outputs = {"energy_ensemble": ModelOutput(sample_kind="atom")}
+        options = ModelEvaluationOptions(length_unit="angstrom", outputs=outputs)
+        atomic = model([system], options, check_consistency=True)["energy_ensemble"]
+        summed = atomic.block().values.sum(0).reshape(-1)
+        torch.testing.assert_close(summed, values, rtol=1e-10, atol=1e-8)
+
+
+@pytest.mark.slow
+def test_i_pis_metatomic_driver_reads_the_ensemble_as_a_committee(silicon, tmp_path):
+    """i-PI's own metatomic driver, with energy_ensemble and force_virial_ensemble: the
+    committee's energies average to the potential and its forces (a Jacobian over the
+    members) to the forces."""
+    from ipi.pes.metatomic import MetatomicDriver
+
+    run, held, _ = silicon
+    frame = ase.io.read(held, 0)
+    ase.io.write(tmp_path / "template.xyz", frame)
+    driver = MetatomicDriver(
+        str(tmp_path / "template.xyz"),
+        str(run / "model.pt"),
+        extensions=str(run / "extensions"),
+        energy_ensemble=True,
+        force_virial_ensemble=True,
+    )
+    bohr = ase.units.Bohr
+    potential, forces, _, extras = driver.compute_structure(
+        frame.cell.array.T / bohr, frame.positions / bohr
+    )
+    extras = json.loads(extras)  # i-PI's extras: a JSON string
+    committee = np.array(extras["committee_pot"])
+    assert committee.shape == (ENSEMBLE,)
+    assert committee.mean() == pytest.approx(potential, rel=1e-12)
+    members = np.array(extras["committee_force"]).reshape(ENSEMBLE, -1)
+    np.testing.assert_allclose(members.mean(0), np.asarray(forces).reshape(-1), atol=1e-7)
+    assert members.std(0).mean() > 1e-4  # a spread of forces, in hartree/bohr
+
+
+def test_an_ensemble_without_llpr_is_one_line(tmp_path, capsys):
+    bulk, _ = silicon_files(tmp_path)
+    options = silicon_options(tmp_path, bulk, uncertainty="none", ensemble_members=8)
+    assert main(["train", str(options), "--check"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "ensemble_members: 8" in line and "uncertainty: llpr" in line
 
 
 def test_no_uncertainty_when_switched_off(tmp_path):

@@ -37,7 +37,13 @@ def mirrored_half(
 
 
 # the buffers of a model's LLPR (none in its state_dict until computed)
-LLPR_BUFFERS = ("llpr_covariance", "llpr_cholesky", "llpr_multiplier", "llpr_widths")
+LLPR_BUFFERS = (
+    "llpr_covariance",
+    "llpr_cholesky",
+    "llpr_multiplier",
+    "llpr_widths",
+    "llpr_ensemble",
+)
 
 
 def uncertainty_name(output_name: str) -> str:
@@ -47,6 +53,12 @@ def uncertainty_name(output_name: str) -> str:
     if output_name.startswith("mtt::"):
         return "mtt::aux::" + output_name.removeprefix("mtt::") + "_uncertainty"
     return "energy_uncertainty" + output_name.removeprefix("energy")
+
+
+def ensemble_name(energy_name: str) -> str:
+    """metatomic's name of an energy's ensemble: energy_ensemble for energy,
+    energy_ensemble/<variant> for energy/<variant>."""
+    return "energy_ensemble" + energy_name.removeprefix("energy")
 
 
 class EnergyModel(torch.nn.Module):
@@ -101,6 +113,10 @@ class EnergyModel(torch.nn.Module):
         self.register_buffer("llpr_cholesky", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("llpr_multiplier", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("llpr_widths", torch.zeros(0, dtype=torch.long))
+        # each energy's ensemble of last-layer weight displacements sampled from its
+        # LLPR covariance, [width, members] flattened one energy after the other (the
+        # energies with an uncertainty, in energy_names' order); empty: none
+        self.register_buffer("llpr_ensemble", torch.zeros(0, dtype=torch.float64))
 
     @torch.jit.unused
     def attach_targets(
@@ -434,6 +450,34 @@ class EnergyModel(torch.nn.Module):
         return sigma * multipliers.reshape(1, 1, -1)
 
     @torch.jit.export
+    def ensemble_outputs(self) -> list[str]:
+        """The energies with an ensemble (every energy with an uncertainty, or none)."""
+        names: list[str] = []
+        if self.llpr_ensemble.shape[0] == 0:
+            return names
+        for name in self.uncertainty_outputs():
+            if name in self.energy_names:
+                names.append(name)
+        return names
+
+    @torch.jit.export
+    def ensemble_deviations(self, name: str, features: torch.Tensor) -> torch.Tensor:
+        """How each ensemble member's energy ``name`` differs from the model's, for each
+        row of its last-layer features ``features`` [n, 1, width] (an atom's, or a
+        structure's sum): [n, members], centred on zero."""
+        energies = self.ensemble_outputs()
+        total = 0
+        for energy in energies:
+            total += int(self.llpr_widths[self.llpr_outputs.index(energy)])
+        members = self.llpr_ensemble.shape[0] // total
+        start = 0
+        for energy in energies[: energies.index(name)]:
+            start += int(self.llpr_widths[self.llpr_outputs.index(energy)]) * members
+        width = int(self.llpr_widths[self.llpr_outputs.index(name)])
+        weights = self.llpr_ensemble[start : start + width * members].reshape(width, members)
+        return features.to(torch.float64).reshape(-1, width) @ weights
+
+    @torch.jit.export
     def uncertainties(self, features: torch.Tensor) -> torch.Tensor:
         """The first energy's calibrated LLPR uncertainty (eV) of each prediction whose
         last-layer features are a row of ``features`` [n, width] (an atom's, or a
@@ -466,7 +510,8 @@ class EnergyModel(torch.nn.Module):
             }
         for name in LLPR_BUFFERS:
             current = getattr(self, name)
-            value = stored[name] if stored[name] is not None else torch.zeros_like(current[:0])
+            value = stored.get(name)
+            value = value if value is not None else torch.zeros_like(current[:0])
             setattr(self, name, torch.zeros_like(value, device=current.device))
             state_dict[prefix + name] = value
         super()._load_from_state_dict(
@@ -480,10 +525,14 @@ class EnergyModel(torch.nn.Module):
 
     @torch.jit.unused
     def set_uncertainty(
-        self, fitted: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+        self,
+        fitted: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        ensembles: dict[str, torch.Tensor] | None = None,
     ) -> None:
         """The LLPR of this model: for each output of llpr_outputs that has one, its
-        covariance, its Cholesky factor and its multipliers (none: no LLPR)."""
+        covariance, its Cholesky factor and its multipliers (none: no LLPR); and for
+        each energy among them, an ensemble's displacements [width, members] (none: no
+        ensemble)."""
         device = self.baseline.device
         covariances, factors, multipliers, widths = [], [], [], []
         for name, subtargets in zip(self.llpr_outputs, self.llpr_subtargets):
@@ -504,6 +553,13 @@ class EnergyModel(torch.nn.Module):
         ]
         self.llpr_covariance, self.llpr_cholesky, self.llpr_multiplier = joined
         self.llpr_widths = torch.tensor(widths, dtype=torch.long, device=device)
+        ensembles = ensembles or {}
+        parts = [ensembles[name].reshape(-1) for name in self.energy_names if name in ensembles]
+        self.llpr_ensemble = (
+            torch.cat(parts).to(device, torch.float64)
+            if parts
+            else torch.zeros(0, dtype=torch.float64, device=device)
+        )
 
     def atomic_energies(
         self,

@@ -27,7 +27,7 @@ import torch
 from ..errors import AtomtrainError
 from ..io import atomic_save_with_directory
 from . import adapters, registry
-from .energy_model import EnergyModel, uncertainty_name
+from .energy_model import EnergyModel, ensemble_name, uncertainty_name
 
 # the model's hyperparameters, stored beside the TorchScript code (which does not keep
 # them) so that an exported model can be fine-tuned
@@ -68,6 +68,13 @@ def atomistic_model(model: EnergyModel):
             description="LLPR uncertainty of "
             + ("the potential energy" if name == "energy" else name)
             + " (one standard deviation)",
+        )
+    for name in model.ensemble_outputs():
+        outputs[ensemble_name(name)] = ModelOutput(
+            quantity="",
+            unit=model.energy_unit,
+            sample_kind="atom",  # per system by default, per atom on request
+            description=f"LLPR ensemble of {name} (last-layer weights sampled)",
         )
     for spec in specs:
         outputs[spec.name] = ModelOutput(

@@ -12,7 +12,7 @@ from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import ModelOutput, NeighborListOptions, System
 
 from ..targets import TargetSpec
-from .energy_model import EnergyModel, uncertainty_name
+from .energy_model import EnergyModel, ensemble_name, uncertainty_name
 
 
 class MetatomicEnergy(torch.nn.Module):
@@ -27,6 +27,8 @@ class MetatomicEnergy(torch.nn.Module):
     energy_names: List[str]
     uncertain_outputs: List[str]
     uncertainty_names: List[str]
+    ensemble_energies: List[str]
+    ensemble_names: List[str]
 
     def __init__(
         self,
@@ -46,6 +48,11 @@ class MetatomicEnergy(torch.nn.Module):
         self.uncertainty_names: List[str] = [
             uncertainty_name(name) for name in self.uncertain_outputs
         ]
+        # the energies with an LLPR ensemble, and the names it is asked by
+        self.ensemble_energies: List[str] = []
+        if model.has_uncertainty():
+            self.ensemble_energies = model.ensemble_outputs()
+        self.ensemble_names: List[str] = [ensemble_name(name) for name in self.ensemble_energies]
         # the mtt:: targets' layouts (what target_map builds), in TorchScript's types
         specs = specs if specs is not None else []
         self.target_names: List[str] = [spec.name for spec in specs]
@@ -78,7 +85,11 @@ class MetatomicEnergy(torch.nn.Module):
         for index, name in enumerate(self.uncertainty_names):
             if name in outputs:
                 uncertain.append(index)
-        if len(wanted) == 0 and len(uncertain) == 0:
+        ensembles: List[int] = []
+        for index, name in enumerate(self.ensemble_names):
+            if name in outputs:
+                ensembles.append(index)
+        if len(wanted) == 0 and len(uncertain) == 0 and len(ensembles) == 0:
             return {}
         device = systems[0].positions.device
         vectors: List[torch.Tensor] = []
@@ -99,6 +110,22 @@ class MetatomicEnergy(torch.nn.Module):
         first = joined(firsts)
         second = joined(seconds)
         results: Dict[str, TensorMap] = {}
+        if len(ensembles) > 0:
+            self.add_ensembles(
+                results,
+                ensembles,
+                outputs,
+                joined(vectors),
+                torch.cat([first, second]),
+                torch.cat([second, first]),
+                joined(types),
+                systems,
+                starts,
+                offset,
+                selected_atoms,
+            )
+            if len(wanted) == 0 and len(uncertain) == 0:
+                return results
         if len(uncertain) > 0 and self.energy_only:
             name = self.uncertainty_names[0]
             energies, features = self.model.energies_and_last_layer_features(
@@ -168,7 +195,8 @@ class MetatomicEnergy(torch.nn.Module):
             if len(systems) == 1 and selected_atoms is None and not per_atom:
                 # what an MD engine asks at every step: a dozen operations fewer
                 total = Labels(["system"], torch.zeros((1, 1), dtype=torch.int32, device=device))
-                return energy_map(atomic.sum().reshape(1, 1), total)
+                results["energy"] = energy_map(atomic.sum().reshape(1, 1), total)["energy"]
+                return results
             values, samples = self.samples_of(
                 atomic.reshape(-1, 1), systems, starts, offset, per_atom, selected_atoms
             )
@@ -197,6 +225,44 @@ class MetatomicEnergy(torch.nn.Module):
             else:
                 results[name] = self.target_map(self.target_names.index(name), values, samples)
         return results
+
+    def add_ensembles(
+        self,
+        results: Dict[str, TensorMap],
+        ensembles: List[int],
+        outputs: Dict[str, ModelOutput],
+        vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        types: torch.Tensor,
+        systems: List[System],
+        starts: List[int],
+        offset: int,
+        selected_atoms: Optional[Labels],
+    ):
+        """Each asked energy ensemble: every member's energy, the model's plus its
+        last-layer weights' displacement times the features, per system or per atom,
+        with a graph through the positions (engines take each member's forces)."""
+        predictions = self.model.atomic_predictions(vectors, pair_first, pair_second, types, True)
+        features = self.model.last_layer_features(vectors, pair_first, pair_second, types, True)
+        for index in ensembles:
+            energy = self.ensemble_energies[index]
+            name = self.ensemble_names[index]
+            deviations = self.model.ensemble_deviations(energy, features[energy])
+            atomic = predictions[energy].unsqueeze(1) + deviations  # [atoms, members]
+            per_atom = outputs[name].sample_kind == "atom"
+            values, samples = self.samples_of(
+                atomic, systems, starts, offset, per_atom, selected_atoms
+            )
+            members = torch.arange(values.shape[1], dtype=torch.int32, device=values.device)
+            block = TensorBlock(
+                values=values,
+                samples=samples,
+                components=[],
+                properties=Labels(["energy"], members.reshape(-1, 1)),
+            )
+            keys = Labels(["_"], torch.zeros((1, 1), dtype=torch.int32, device=values.device))
+            results[name] = TensorMap(keys, [block])
 
     def samples_of(
         self,

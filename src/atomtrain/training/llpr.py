@@ -39,6 +39,7 @@ from ..data.frames import FrameSet
 from ..distributed import Context
 from ..errors import AtomtrainError
 from ..models.energy_model import EnergyModel
+from ..options import TrainingOptions
 from .baseline import local_share
 from .evaluation import local_batches, predict
 
@@ -244,24 +245,58 @@ def fit_llpr(
     model: EnergyModel,
     training: FrameSet,
     validation: FrameSet,
-    uncertainty: str,
+    options: TrainingOptions,
     context: Context,
-    batch_size: int,
     dtype: torch.dtype,
+    seed: int,
 ) -> str | None:
-    """The model's LLPR (or none, when ``uncertainty`` is "none" or it cannot be fitted);
-    what the log says of it."""
+    """The model's LLPR (or none, when ``options.uncertainty`` is "none" or it cannot be
+    fitted), with its ensembles when ``options.ensemble_members`` asks; what the log
+    says of it."""
     model.clear_uncertainty()
-    if uncertainty == "none" or not len(training):
+    if options.uncertainty == "none" or not len(training):
         return None
     was_training = model.training
     model.eval()
     try:
-        fitted, said = fitted_outputs(model, training, validation, context, batch_size, dtype)
+        fitted, said = fitted_outputs(
+            model, training, validation, context, options.batch_size, dtype
+        )
     finally:
         model.train(was_training)
-    model.set_uncertainty(fitted)
+    ensembles = sampled_ensembles(model, fitted, options.ensemble_members, seed)
+    if ensembles:
+        said += f"; an ensemble of {options.ensemble_members} for {', '.join(ensembles)}"
+    model.set_uncertainty(fitted, ensembles)
     return said
+
+
+def sampled_ensembles(
+    model: EnergyModel,
+    fitted: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    members: int,
+    seed: int,
+) -> dict[str, torch.Tensor]:
+    """For each energy with an uncertainty, ``members`` displacements of its last-layer
+    weights [width, members] drawn from N(0, a^2 (C + r I)^-1) (``a``: its multiplier),
+    as metatrain samples them, then centred over the members so that the ensemble's
+    mean is the model's energy (metatrain centres its ensemble's values). The same on
+    every rank: the covariance is all-reduced and the generator seeded by the run."""
+    if not members:
+        return {}
+    generator = torch.Generator().manual_seed(seed)
+    ensembles = {}
+    for name in model.energy_names:
+        if name not in fitted:
+            continue
+        _, factor, multipliers = fitted[name]
+        draws = torch.randn(
+            (factor.shape[0], members), generator=generator, dtype=torch.float64
+        ).to(factor.device)
+        sampled = torch.linalg.solve_triangular(factor.T, draws, upper=True)
+        sampled = sampled * multipliers.reshape(())
+        ensembles[name] = sampled - sampled.mean(dim=1, keepdim=True)
+    return ensembles
 
 
 def fitted_outputs(

@@ -498,10 +498,10 @@ class Trainer:
                 self.model,
                 self.datasets.training,
                 self.datasets.validation,
-                self.training_options.uncertainty,
+                self.training_options,
                 context,
-                self.training_options.batch_size,
                 self.dtype,
+                self.seed,
             )
         if said is not None:
             logger.info(said)
