@@ -178,7 +178,9 @@ class EnergyModel(torch.nn.Module):
 
     @torch.jit.unused
     def heads_to(self, dtype: torch.dtype) -> None:
-        """The heads' networks in ``dtype``; their baselines and scales stay float64."""
+        """The heads' networks and the neighbors' basis in ``dtype``; their baselines
+        and scales stay float64."""
+        self.basis.to(dtype)
         for head in [*self.heads, *self.variant_heads]:
             head.networks_to(dtype)
 

@@ -27,7 +27,6 @@ import math
 import torch
 
 from ..targets import TargetSpec
-from .data_sizes import one_hot
 
 RADIAL_FUNCTIONS = 4
 HIDDEN_WIDTH = 32
@@ -42,23 +41,19 @@ class NeighborBasis(torch.nn.Module):
         self.n_types = n_types
         self.cutoff = cutoff
         self.with_matrices = with_matrices
+        self.radial_functions = RADIAL_FUNCTIONS
         self.channels = RADIAL_FUNCTIONS * n_types
         self.register_buffer(
             "frequencies",
             torch.arange(1, RADIAL_FUNCTIONS + 1, dtype=torch.float64) * math.pi / cutoff,
         )
 
-    def radial(self, distances: torch.Tensor, neighbor_element: torch.Tensor) -> torch.Tensor:
-        """[pairs, K]: smooth radial functions of each pair, in the neighbor's channels."""
-        frequencies = self.frequencies.to(distances.dtype)
+    def radial(self, distances: torch.Tensor) -> torch.Tensor:
+        """[pairs, radial functions]: smooth radial functions of each pair's distance."""
         envelope = 0.5 * (torch.cos(math.pi * distances / self.cutoff) + 1.0)
-        envelope = envelope * (distances < self.cutoff).to(distances.dtype)
-        functions = torch.sin(distances.unsqueeze(1) * frequencies) / distances.unsqueeze(1)
-        functions = functions * envelope.unsqueeze(1)
-        product = one_hot(neighbor_element, self.n_types, distances.dtype).unsqueeze(
-            2
-        ) * functions.unsqueeze(1)
-        return product.reshape(distances.shape[0], self.channels)
+        envelope = torch.where(distances < self.cutoff, envelope, torch.zeros_like(envelope))
+        waves = torch.sin(distances.unsqueeze(1) * self.frequencies.to(distances.dtype))
+        return waves * (envelope / distances).unsqueeze(1)
 
     def forward(
         self,
@@ -69,41 +64,35 @@ class NeighborBasis(torch.nn.Module):
         mirrored: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``mirrored``: ``edge_vectors`` holds the first half of the pairs, and the second
-        half is the first reversed (each vector negated)."""
+        half is the first reversed (each vector negated). A pair adds to its atom's
+        channels of its neighbor's element: each atom has a row per element, indexed
+        atom x elements + element, so no pair carries the other elements' zeros."""
         n_atoms = element_index.shape[0]
         computed = edge_vectors.shape[0]
         first = pair_first[:computed]
         second = pair_second[:computed]
         distances = torch.linalg.vector_norm(edge_vectors, dim=1)
         directions = edge_vectors / distances.unsqueeze(1)
-        k = self.channels
-        vectors = torch.zeros((n_atoms, k, 3), dtype=edge_vectors.dtype, device=edge_vectors.device)
-        radial = self.radial(distances, element_index.index_select(0, second))
-        contribution = radial.unsqueeze(2) * directions.unsqueeze(1)
-        vectors = vectors.index_add(0, first, contribution)
-        outer = torch.zeros((0, 3, 3), dtype=edge_vectors.dtype, device=edge_vectors.device)
-        radial_back = radial
+        functions = self.radial(distances)  # [pairs, R]
+        rows = n_atoms * self.n_types
+        slots = first * self.n_types + element_index.index_select(0, second)
+        back = second * self.n_types + element_index.index_select(0, first)
+        contribution = functions.unsqueeze(2) * directions.unsqueeze(1)  # [pairs, R, 3]
+        vectors = edge_vectors.new_zeros((rows, self.radial_functions, 3))
+        vectors = vectors.index_add(0, slots, contribution)
         if mirrored:  # the reversed pairs: j's neighbor i, at -r
-            radial_back = self.radial(distances, element_index.index_select(0, first))
-            vectors = vectors.index_add(
-                0, second, -radial_back.unsqueeze(2) * directions.unsqueeze(1)
-            )
-        matrices = torch.zeros(
-            (n_atoms, 0, 3, 3), dtype=edge_vectors.dtype, device=edge_vectors.device
-        )
+            vectors = vectors.index_add(0, back, -contribution)
+        vectors = vectors.reshape(n_atoms, self.channels, 3)
+        matrices = edge_vectors.new_zeros((n_atoms, 0, 3, 3))
         if self.with_matrices:
             identity = torch.eye(3, dtype=edge_vectors.dtype, device=edge_vectors.device)
             outer = directions.unsqueeze(2) * directions.unsqueeze(1) - identity / 3.0
-            matrices = torch.zeros(
-                (n_atoms, k, 3, 3), dtype=edge_vectors.dtype, device=edge_vectors.device
-            )
-            matrices = matrices.index_add(
-                0, first, radial.reshape(-1, k, 1, 1) * outer.unsqueeze(1)
-            )
-            if mirrored:
-                matrices = matrices.index_add(
-                    0, second, radial_back.reshape(-1, k, 1, 1) * outer.unsqueeze(1)
-                )
+            terms = functions.reshape(-1, self.radial_functions, 1, 1) * outer.unsqueeze(1)
+            matrices = edge_vectors.new_zeros((rows, self.radial_functions, 3, 3))
+            matrices = matrices.index_add(0, slots, terms)
+            if mirrored:  # the same outer product for the reversed pair
+                matrices = matrices.index_add(0, back, terms)
+            matrices = matrices.reshape(n_atoms, self.channels, 3, 3)
         return vectors, matrices
 
 
@@ -212,10 +201,12 @@ class TargetHead(torch.nn.Module):
                 continue
             mixtures = c.reshape(n_atoms, size // (k * s), k, s)  # [atoms, mixtures, K, s]
             if o3_lambda == 1:
-                u = torch.einsum("amks,akx->amxs", mixtures, vectors)  # [atoms, m, 3, s]
-                vector = u[:, 0] if o3_sigma == 1 else torch.cross(u[:, 0], u[:, 1], dim=1)
-                # y, z, x: metatensor's o3_mu -1, 0, 1
-                block = vector.index_select(1, torch.tensor([1, 2, 0], device=vector.device))
+                if o3_sigma == 1:  # [atoms, 3, K] @ [atoms, K, s]
+                    vector = torch.bmm(vectors.transpose(1, 2), mixtures[:, 0])
+                else:
+                    u = torch.einsum("amks,akx->amxs", mixtures, vectors)  # [atoms, m, 3, s]
+                    vector = torch.cross(u[:, 0], u[:, 1], dim=1)
+                block = torch.roll(vector, -1, 1)  # y, z, x: metatensor's o3_mu -1, 0, 1
             else:
                 if o3_sigma == 1:
                     matrix = torch.einsum("aks,akxy->axys", mixtures[:, 0], matrices)
@@ -310,9 +301,9 @@ class TargetHead(torch.nn.Module):
         if self.kind == "spherical" or self.kind == "scalar":
             return torch.cat(made, dim=1)
         if self.rank == 1:  # back from y, z, x to x, y, z
-            return made[0].index_select(1, torch.tensor([2, 0, 1], device=made[0].device))
+            return torch.roll(made[0], 1, 1)
         trace, axial, traceless = made[0], made[1], made[2]  # [atoms, 1 | 3 | 5, s]
-        xyz = axial.index_select(1, torch.tensor([2, 0, 1], device=axial.device))
+        xyz = torch.roll(axial, 1, 1)
         antisymmetric = antisymmetric_from(xyz.transpose(1, 2))  # [atoms, s, 3, 3]
         matrix = matrix_from_spherical(traceless.transpose(1, 2)) + antisymmetric
         identity = torch.eye(3, dtype=trace.dtype, device=trace.device)
@@ -334,7 +325,7 @@ def coefficient_gradients(
     n_atoms, k, s = mixtures.shape[0], mixtures.shape[2], mixtures.shape[3]
     if o3_sigma == 1:  # linear: the basis itself, the same for every subtarget
         if o3_lambda == 1:  # y, z, x
-            basis = vectors.index_select(2, torch.tensor([1, 2, 0], device=vectors.device))
+            basis = torch.roll(vectors, -1, 2)
         else:
             basis = spherical_from_matrix(matrices)
         return basis.transpose(1, 2).unsqueeze(2).expand(-1, -1, s, -1)
@@ -345,7 +336,7 @@ def coefficient_gradients(
         second = torch.cross(u[:, 0].unsqueeze(1).expand(-1, k, -1, -1), v, dim=2)
         stacked = torch.stack([first, second], dim=1)  # [atoms, 2, K, 3, s]
         vector = stacked.permute(0, 3, 4, 1, 2).reshape(n_atoms, 3, s, 2 * k)
-        return vector.index_select(1, torch.tensor([1, 2, 0], device=vector.device))
+        return torch.roll(vector, -1, 1)
     # the symmetric traceless part of u_0 (u_1 x u_2)^T
     axial = torch.cross(u[:, 1], u[:, 2], dim=1)  # [atoms, 3, s]
     u0 = u[:, 0].unsqueeze(1).unsqueeze(3)  # [atoms, 1, 3, 1, s]
