@@ -109,16 +109,21 @@ class MetatomicEnergy(torch.nn.Module):
             offset += len(system)
         first = joined(firsts)
         second = joined(seconds)
+        # the model's inputs: the half list mirrored, its geometry computed once
+        pair_vectors = joined(vectors)
+        pair_first = torch.cat([first, second])
+        pair_second = torch.cat([second, first])
+        atom_types = joined(types)
         results: Dict[str, TensorMap] = {}
         if len(ensembles) > 0:
             self.add_ensembles(
                 results,
                 ensembles,
                 outputs,
-                joined(vectors),
-                torch.cat([first, second]),
-                torch.cat([second, first]),
-                joined(types),
+                pair_vectors,
+                pair_first,
+                pair_second,
+                atom_types,
                 systems,
                 starts,
                 offset,
@@ -129,10 +134,10 @@ class MetatomicEnergy(torch.nn.Module):
         if len(uncertain) > 0 and self.energy_only:
             name = self.uncertainty_names[0]
             energies, features = self.model.energies_and_last_layer_features(
-                joined(vectors),
-                torch.cat([first, second]),
-                torch.cat([second, first]),
-                joined(types),
+                pair_vectors,
+                pair_first,
+                pair_second,
+                atom_types,
                 True,
             )
             per_atom = outputs[name].sample_kind == "atom"
@@ -152,43 +157,27 @@ class MetatomicEnergy(torch.nn.Module):
             if len(wanted) == 0:
                 return results
         elif len(uncertain) > 0:
-            every = self.model.last_layer_features(
-                joined(vectors),
-                torch.cat([first, second]),
-                torch.cat([second, first]),
-                joined(types),
-                True,
+            self.add_uncertainties(
+                results,
+                uncertain,
+                outputs,
+                pair_vectors,
+                pair_first,
+                pair_second,
+                atom_types,
+                systems,
+                starts,
+                offset,
+                selected_atoms,
             )
-            for index in uncertain:
-                output = self.uncertain_outputs[index]
-                name = self.uncertainty_names[index]
-                atomic = every[output]  # [atoms, components, width]
-                per_atom = outputs[name].sample_kind == "atom"
-                values, samples = self.samples_of(
-                    atomic.reshape(atomic.shape[0], -1),
-                    systems,
-                    starts,
-                    offset,
-                    per_atom,
-                    selected_atoms,
-                )
-                sigma = self.model.uncertainties_of(
-                    output, values.reshape(values.shape[0], atomic.shape[1], atomic.shape[2])
-                )
-                sigma = sigma.reshape(sigma.shape[0], -1)
-                if output in self.energy_names:
-                    results[name] = energy_map(sigma, samples)["energy"]
-                else:
-                    position = self.target_names.index(output)
-                    results[name] = self.target_map(position, sigma, samples)
             if len(wanted) == 0:
                 return results
         if self.energy_only:
             atomic = self.model.atomic_energies(
-                joined(vectors),
-                torch.cat([first, second]),
-                torch.cat([second, first]),
-                joined(types),
+                pair_vectors,
+                pair_first,
+                pair_second,
+                atom_types,
                 True,
             )
             per_atom = outputs["energy"].sample_kind == "atom"
@@ -203,10 +192,10 @@ class MetatomicEnergy(torch.nn.Module):
             results["energy"] = energy_map(values, samples)["energy"]
             return results
         predictions = self.model.atomic_predictions(
-            joined(vectors),
-            torch.cat([first, second]),
-            torch.cat([second, first]),
-            joined(types),
+            pair_vectors,
+            pair_first,
+            pair_second,
+            atom_types,
             True,
         )
         for name in wanted:
@@ -225,6 +214,46 @@ class MetatomicEnergy(torch.nn.Module):
             else:
                 results[name] = self.target_map(self.target_names.index(name), values, samples)
         return results
+
+    def add_uncertainties(
+        self,
+        results: Dict[str, TensorMap],
+        uncertain: List[int],
+        outputs: Dict[str, ModelOutput],
+        vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        types: torch.Tensor,
+        systems: List[System],
+        starts: List[int],
+        offset: int,
+        selected_atoms: Optional[Labels],
+    ):
+        """Each asked LLPR uncertainty (of an energy or an mtt:: target, laid out as
+        the output), per system or per atom, from one pass of the last-layer features."""
+        every = self.model.last_layer_features(vectors, pair_first, pair_second, types, True)
+        for index in uncertain:
+            output = self.uncertain_outputs[index]
+            name = self.uncertainty_names[index]
+            atomic = every[output]  # [atoms, values, width]
+            per_atom = outputs[name].sample_kind == "atom"
+            values, samples = self.samples_of(
+                atomic.reshape(atomic.shape[0], -1),
+                systems,
+                starts,
+                offset,
+                per_atom,
+                selected_atoms,
+            )
+            sigma = self.model.uncertainties_of(
+                output, values.reshape(values.shape[0], atomic.shape[1], atomic.shape[2])
+            )
+            sigma = sigma.reshape(sigma.shape[0], -1)
+            if output in self.energy_names:
+                results[name] = energy_map(sigma, samples)["energy"]
+            else:
+                position = self.target_names.index(output)
+                results[name] = self.target_map(position, sigma, samples)
 
     def add_ensembles(
         self,
