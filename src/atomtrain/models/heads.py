@@ -76,7 +76,9 @@ class NeighborBasis(torch.nn.Module):
         functions = self.radial(distances)  # [pairs, R]
         rows = n_atoms * self.n_types
         slots = first * self.n_types + element_index.index_select(0, second)
-        back = second * self.n_types + element_index.index_select(0, first)
+        back = slots  # the reversed pairs' rows, when the list is mirrored
+        if mirrored:
+            back = second * self.n_types + element_index.index_select(0, first)
         contribution = functions.unsqueeze(2) * directions.unsqueeze(1)  # [pairs, R, 3]
         vectors = edge_vectors.new_zeros((rows, self.radial_functions, 3))
         vectors = vectors.index_add(0, slots, contribution)
