@@ -2,7 +2,8 @@
 
     python benchmarks/head_cost.py [--architecture soap_bpnn] [--rounds 15] [--steps 20]
 
-Ethanol (tests/resources/ethanol_40.xyz), batches of 8 molecules, float32, one thread:
+Ethanol (tests/resources/ethanol_40.xyz), batches of 8 molecules, float32, one thread
+(``--threads``):
 the training step (energy and forces, forces by a graph through the positions, the
 loss's backward to the parameters) of a model with the energy alone, against the same
 model with a Cartesian vector per structure (``mtt::vector``, labels from the geometry).
@@ -92,8 +93,9 @@ def main() -> None:
     parser.add_argument("--architecture", default="soap_bpnn", choices=registry.known())
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
     arguments = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(arguments.threads)
     frames = structures()
     cases = {name: case(arguments.architecture, name, frames) for name in (False, True)}
     times: dict[bool, list[float]] = {False: [], True: []}
@@ -110,7 +112,7 @@ def main() -> None:
     alone, headed = (float(np.median(times[name])) for name in (False, True))
     calls = {name: operator_calls(model, b[0], c[0]) for name, (model, b, c) in cases.items()}
     print(
-        f"{arguments.architecture}, ethanol, batch 8, float32, one thread, "
+        f"{arguments.architecture}, ethanol, batch 8, float32, {arguments.threads} thread(s), "
         f"{arguments.rounds} x {arguments.steps} steps each, alternated"
     )
     print(f"energy and forces: {alone:.2f} ms per step, {calls[False]} operator calls")
