@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESOURCES = ROOT / "tests" / "resources"
@@ -12,3 +13,16 @@ EXAMPLES = ROOT / "examples"
 @pytest.fixture
 def resources() -> Path:
     return RESOURCES
+
+
+@pytest.fixture
+def fixed_threads(monkeypatch):
+    """Two threads for the whole test, for runs compared to the last bit: a reduction
+    split over another number of threads rounds differently, and on a busy machine
+    atomtrain follows the load with its thread count unless OMP_NUM_THREADS fixes it
+    (runtime.BusyCores)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)

@@ -137,21 +137,13 @@ def test_expanded_options_and_split_reproduce_the_run(trained):
     assert len(split["validation"]) == 8 and len(split["test"]) == 4
 
 
-def test_same_seed_same_model_and_split(tmp_path, trained, monkeypatch):
-    """Bit for bit, at a fixed thread count: a reduction split over another number of
-    threads rounds differently, and on a busy machine atomtrain follows the load with
-    its thread count unless OMP_NUM_THREADS fixes it (runtime.BusyCores)."""
+def test_same_seed_same_model_and_split(tmp_path, trained, fixed_threads):
+    """Bit for bit, at a fixed thread count (fixed_threads)."""
     _, run = trained
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for name in ("first", "second"):
-            options = tmp_path / f"{name}.yaml"
-            options.write_text((run / "options.yaml").read_text())
-            assert main(["train", str(options), "--outputs", str(tmp_path / name)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    for name in ("first", "second"):
+        options = tmp_path / f"{name}.yaml"
+        options.write_text((run / "options.yaml").read_text())
+        assert main(["train", str(options), "--outputs", str(tmp_path / name)]) == 0
     (first,) = run_directories(tmp_path / "first")
     (second,) = run_directories(tmp_path / "second")
     assert (first / "split.yaml").read_text() == (run / "split.yaml").read_text()
