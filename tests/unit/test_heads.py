@@ -24,6 +24,7 @@ from atomtrain.options import LossOptions
 from atomtrain.targets import Irrep, TargetSpec
 from atomtrain.training.augmentation import turn_target
 from atomtrain.training.evaluation import predict
+from atomtrain.training.llpr import edge_inputs
 from atomtrain.training.losses import GlobalCounts, batch_loss
 
 from conftest import RESOURCES
@@ -136,17 +137,7 @@ def test_per_structure_targets_sum_the_per_atom_contributions():
     positions = np.random.default_rng(2).normal(size=(9, 3)) * 1.2
     batch = collate([molecule(positions), molecule(positions * 1.1)], model.cutoff)
     batch = batch.to("cpu", torch.float64)
-    edge_vectors, half = model.edge_geometry(
-        batch.positions,
-        batch.cell,
-        batch.system_index,
-        batch.pair_first,
-        batch.pair_second,
-        batch.cell_shifts,
-    )
-    atomic = model.atomic_predictions(
-        edge_vectors, batch.pair_first, batch.pair_second, batch.atomic_numbers, half > 0
-    )
+    atomic = model.atomic_predictions(*edge_inputs(model, batch))
     totals = predict(model, batch, False, False)
     for spec in SPECS:
         if spec.per_atom:
