@@ -987,7 +987,10 @@ def _describe(
     if error["type"] == "missing":
         return f"{source}: missing required key '{shown}'"
     message = error["msg"].removeprefix("Value error, ")
-    return f"{source}: invalid value for '{shown}': {message} (got {error.get('input')!r})"
+    given = error.get("input")
+    if isinstance(given, dict):  # a section's rule, whose message names its keys
+        return f"{source}: invalid value for '{shown}': {message}"
+    return f"{source}: invalid value for '{shown}': {message} (got {given!r})"
 
 
 def _set_override(data: dict, override: str) -> None:
