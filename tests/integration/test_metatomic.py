@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import uuid
 from pathlib import Path
 
 import ase
@@ -257,63 +256,6 @@ def test_the_model_describes_itself(ethanol):
     assert "cpu" in capabilities.supported_devices
 
 
-def ipi_input(directory: Path, address: str, steps: int) -> Path:
-    """examples/md/ipi's NVE input, shortened and pointed at this test's socket."""
-    text = (EXAMPLES / "md" / "ipi" / "input-nve.xml").read_text()
-    text = text.replace("<total_steps>1000</total_steps>", f"<total_steps>{steps}</total_steps>")
-    text = text.replace("<address>atomtrain</address>", f"<address>{address}</address>")
-    path = directory / "input.xml"
-    path.write_text(text)
-    shutil.copy(EXAMPLES / "md" / "ipi" / "start.xyz", directory / "start.xyz")
-    return path
-
-
-@pytest.mark.parametrize("case", ["ethanol", "mace", "pet"])
-@pytest.mark.slow
-def test_ipi_drives_the_model_through_its_metatomic_driver(case, request, tmp_path):
-    """i-PI runs a short NVE trajectory with the model (SOAP-BPNN, MACE) served by
-    i-PI's metatomic driver over a UNIX socket; its potential energies equal the ASE
-    calculator's at the same positions."""
-    model, _ = request.getfixturevalue(case)
-    address = f"atomtrain-test-{uuid.uuid4().hex[:8]}"
-    ipi_input(tmp_path, address, steps=20)
-    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    server = subprocess.Popen(
-        ["i-pi", "input.xml"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=environment,
-    )
-    driver_options = f"template=start.xyz,model={model},extensions={model.parent / 'extensions'}"
-    try:
-        driver = subprocess.run(
-            ["i-pi-py_driver", "-m", "metatomic", "-u", "-a", address, "-o", driver_options],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            env=environment,
-        )
-        server_output, _ = server.communicate(timeout=60)
-    finally:
-        server.kill()
-    assert server.returncode == 0, server_output[-3000:]
-    assert "atomtrain" not in driver.stderr  # the driver process loaded metatomic only
-    steps, potentials = read_ipi_properties(tmp_path / "md.out")
-    assert steps[-1] == 20
-    frames = ase.io.read(tmp_path / "md.pos_0.extxyz", index=":")
-    assert len(frames) == len(potentials)
-    assert np.ptp(potentials) > 1e-4  # the atoms moved
-    forces = [frame.get_forces() for frame in ase.io.read(tmp_path / "md.for_0.extxyz", ":")]
-    reference = engine_predictions(model, frames, tmp_path)["results"]
-    for potential, force, result in zip(potentials, forces, reference):
-        # to the digits i-PI prints: 9 significant for energies, 8 decimals for forces
-        assert potential == pytest.approx(result["energy"], abs=6e-6, rel=0)
-        np.testing.assert_allclose(force, result["forces"], atol=1e-7, rtol=0)
-
-
 def read_ipi_properties(path: Path) -> tuple[list[int], list[float]]:
     rows = [line.split() for line in path.read_text().splitlines() if not line.startswith("#")]
     return [int(float(row[0])) for row in rows], [float(row[5]) for row in rows]
@@ -394,9 +336,13 @@ def test_md_examples_refuse_missing_files_in_one_line(ethanol, tmp_path):
 
 @pytest.mark.parametrize("case", ["ethanol", "mace", "pet"])
 @pytest.mark.slow
-def test_the_ipi_example_script_runs_every_architecture(case, request, tmp_path):
-    """examples/md/ipi/run.sh as a user runs it, shortened to 30 steps: i-PI, its
-    metatomic driver and the plot, with each architecture's export."""
+def test_the_ipi_example_drives_every_architecture_through_its_metatomic_driver(
+    case, request, tmp_path
+):
+    """examples/md/ipi/run.sh as a user runs it, shortened to 30 steps: i-PI runs NVE
+    with the model (SOAP-BPNN, MACE, PET) served by i-PI's metatomic driver over a UNIX
+    socket, and the plot is drawn; the driver process loads metatomic only, and i-PI's
+    potential energies and forces equal the ASE calculator's at the same positions."""
     model, _ = request.getfixturevalue(case)
     example = tmp_path / "ipi"
     shutil.copytree(EXAMPLES / "md" / "ipi", example)
@@ -409,9 +355,18 @@ def test_the_ipi_example_script_runs_every_architecture(case, request, tmp_path)
         timeout=300,
     )
     assert result.returncode == 0, (result.stderr + (example / "ipi.log").read_text())[-3000:]
+    assert "atomtrain" not in result.stderr  # the driver process loaded metatomic only
     steps, potentials = read_ipi_properties(example / "md.out")
-    assert steps[-1] == 30 and np.ptp(potentials) > 1e-5
+    assert steps[-1] == 30 and np.ptp(potentials) > 1e-5  # the atoms moved
     assert (example / "md_ipi_nve.png").stat().st_size > 10_000
+    frames = ase.io.read(example / "md.pos_0.extxyz", index=":")
+    assert len(frames) == len(potentials)
+    forces = [frame.get_forces() for frame in ase.io.read(example / "md.for_0.extxyz", ":")]
+    reference = engine_predictions(model, frames, tmp_path)["results"]
+    for potential, force, found in zip(potentials, forces, reference):
+        # to the digits i-PI prints: 9 significant for energies, 8 decimals for forces
+        assert potential == pytest.approx(found["energy"], abs=6e-6, rel=0)
+        np.testing.assert_allclose(force, found["forces"], atol=1e-7, rtol=0)
 
 
 def test_atomtrain_imported_after_an_engine_loaded_the_model(ethanol, tmp_path):
