@@ -42,16 +42,12 @@ class MetatomicEnergy(torch.nn.Module):
         # one energy and nothing else: the energy alone, as MD engines ask at every step
         self.energy_only = self.energy_names == ["energy"] and not specs
         # the outputs with an LLPR uncertainty, and the names it is asked by
-        self.uncertain_outputs: List[str] = []
-        if model.has_uncertainty():
-            self.uncertain_outputs = model.uncertainty_outputs()
+        self.uncertain_outputs: List[str] = model.uncertainty_outputs()
         self.uncertainty_names: List[str] = [
             uncertainty_name(name) for name in self.uncertain_outputs
         ]
         # the energies with an LLPR ensemble, and the names it is asked by
-        self.ensemble_energies: List[str] = []
-        if model.has_uncertainty():
-            self.ensemble_energies = model.ensemble_outputs()
+        self.ensemble_energies: List[str] = model.ensemble_outputs()
         self.ensemble_names: List[str] = [ensemble_name(name) for name in self.ensemble_energies]
         # the mtt:: targets' layouts (what target_map builds), in TorchScript's types
         specs = specs if specs is not None else []
@@ -272,8 +268,17 @@ class MetatomicEnergy(torch.nn.Module):
         """Each asked energy ensemble: every member's energy, the model's plus its
         last-layer weights' displacement times the features, per system or per atom,
         with a graph through the positions (engines take each member's forces)."""
-        predictions = self.model.atomic_predictions(vectors, pair_first, pair_second, types, True)
-        features = self.model.last_layer_features(vectors, pair_first, pair_second, types, True)
+        if self.energy_only:  # the energy and its features from one pass of the model
+            energies, main = self.model.energies_and_last_layer_features(
+                vectors, pair_first, pair_second, types, True
+            )
+            predictions = {"energy": energies}
+            features = {"energy": main}
+        else:
+            predictions = self.model.atomic_predictions(
+                vectors, pair_first, pair_second, types, True
+            )
+            features = self.model.last_layer_features(vectors, pair_first, pair_second, types, True)
         for index in ensembles:
             energy = self.ensemble_energies[index]
             name = self.ensemble_names[index]
