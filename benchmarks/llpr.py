@@ -106,15 +106,27 @@ def evaluate(run: Path, held: Path) -> list[ase.Atoms]:
     return ase.io.read(output, ":")
 
 
-def report(name: str, errors: np.ndarray, sigmas: np.ndarray, kinds: np.ndarray, cost: str) -> None:
-    print(f"{name}: Spearman(|error|, uncertainty) {spearman(np.abs(errors), sigmas):.2f}; {cost}")
+def report(
+    name: str,
+    errors: np.ndarray,
+    sigmas: np.ndarray,
+    kinds: np.ndarray,
+    cost: str = "",
+    unit: str = "meV/atom",
+) -> None:
+    """The Spearman correlation of |error| and uncertainty, then their means per kind of
+    structure (in milli-``unit``s of the values: errors in eV give meV)."""
+    correlation = spearman(np.abs(errors), sigmas)
+    print(
+        f"{name}: Spearman(|error|, uncertainty) {correlation:.2f}" + (f"; {cost}" if cost else "")
+    )
     for kind in ("AIMD-NVT", "Elastic", "Vacancy", "Surface"):
         chosen = kinds == kind
         if not chosen.any():
             continue
         print(
             f"  {kind:9s} ({chosen.sum():2d}): |error| {1e3 * np.abs(errors[chosen]).mean():7.2f} "
-            f"meV/atom, uncertainty {1e3 * sigmas[chosen].mean():7.2f} meV/atom"
+            f"{unit}, uncertainty {1e3 * sigmas[chosen].mean():7.2f} {unit}"
         )
 
 

@@ -31,12 +31,11 @@ from pathlib import Path
 import ase.io
 import numpy as np
 import yaml
-from llpr import ROOT, SECTIONS, UNCERTAINTY_PHASE, split
+from llpr import ROOT, SECTIONS, UNCERTAINTY_PHASE, report, split
 
 from atomtrain.cli.eval import spearman
 
 FORCES = {"key": "forces", "per_atom": True, "unit": "eV/A", "type": {"cartesian": {"rank": 1}}}
-KINDS = ("AIMD-NVT", "Elastic", "Vacancy", "Surface")
 QM7X = ROOT / "tests" / "resources" / "qm7x_reduced_100.xyz"
 POLARISABILITY = {
     "key": "polarizability",
@@ -112,17 +111,6 @@ def evaluate_targets(run: Path, held: Path, name: str, targets: dict) -> list[as
     return ase.io.read(output, ":")
 
 
-def report(name: str, errors: np.ndarray, sigmas: np.ndarray, kinds: np.ndarray, unit: str):
-    print(f"{name}: Spearman(|error|, uncertainty) {spearman(np.abs(errors), sigmas):.2f}")
-    for kind in KINDS:
-        chosen = kinds == kind
-        if chosen.any():
-            print(
-                f"  {kind:9s}: |error| {1e3 * np.abs(errors[chosen]).mean():8.2f} {unit}, "
-                f"uncertainty {1e3 * sigmas[chosen].mean():8.2f} {unit}"
-            )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--architecture", default="soap_bpnn", choices=sorted(SECTIONS))
@@ -145,13 +133,13 @@ def main() -> None:
             reference = np.array([frame.get_potential_energy() for frame in frames]) / atoms
             predicted = np.array([frame.info["predicted_energy"] for frame in frames]) / atoms
             sigmas = np.array([frame.info["energy_uncertainty"] for frame in frames]) / atoms
-            report(energy, predicted - reference, sigmas, kinds, "meV/atom")
+            report(energy, predicted - reference, sigmas, kinds)
         errors = np.concatenate(
             [(f.arrays["predicted_mtt_forces"] - f.get_forces()).reshape(-1) for f in frames]
         )
         sigmas = np.concatenate([f.arrays["mtt_forces_uncertainty"].reshape(-1) for f in frames])
         components = np.concatenate([[f.info["config_type"]] * 3 * len(f) for f in frames])
-        report("mtt::forces (per component)", errors, sigmas, components, "meV/A")
+        report("mtt::forces (per component)", errors, sigmas, components, unit="meV/A")
         polarisability(directory, arguments.architecture, arguments.epochs)
 
 
