@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import platform
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,3 +196,25 @@ class BusyCores:
             f"thread(s) instead of {self.full_threads} while they run (threads waiting for "
             "a busy core were measured up to 3x slower); OMP_NUM_THREADS fixes the number"
         )
+
+
+@contextlib.contextmanager
+def unimported(*names: str) -> Iterator[None]:
+    """Imports made here find none of the modules ``names`` (ImportError) unless they
+    are imported already: for libraries that import optional packages, at a cost, for
+    what atomtrain does not use.
+
+    - metatensor-torch (imported by metatomic) imports IPython only to register an HTML
+      display with a running IPython: 0.13-0.3 s of each export, eval and metatrain
+      checkpoint read where IPython is installed (a Jupyter environment).
+    - TensorBoard's file layer imports fsspec (a torch dependency) and boto3 for remote
+      paths: 0.15 s of each run's start; its event files go to the run directory."""
+    blocked = [name for name in names if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import platform
+import subprocess
+import sys
 
 import pytest
 
-from atomtrain.runtime import keep_freed_memory
+from atomtrain.runtime import keep_freed_memory, unimported
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
@@ -130,3 +133,40 @@ def test_core_ticks_read_from_proc_stat_format():
     assert read_core_ticks({0, 1}, stat) == 42
     own = "123 (python (x) y) S 1 2 3 4 5 6 7 8 9 10 17 4 0 0"
     assert read_own_ticks(own) == 21
+
+
+def test_unimported_modules_are_refused_inside_and_importable_after():
+    """``unimported`` keeps optional imports out (metatensor-torch's IPython,
+    TensorBoard's fsspec) without changing what is imported already."""
+    import json
+    import sys
+
+    assert "json" in sys.modules
+    name = "atomtrain_never_imported_module"
+    with unimported(name, "json"):
+        with pytest.raises(ImportError):
+            importlib.import_module(name)
+        assert importlib.import_module("json") is json
+    assert name not in sys.modules
+    with pytest.raises(ModuleNotFoundError, match=name):
+        importlib.import_module(name)  # the ordinary failure again, not the block's
+    assert sys.modules["json"] is json
+
+
+def test_tensorboard_writes_its_events_without_fsspec(tmp_path):
+    """The run's event files are local: TensorBoard imported without its remote
+    layers still writes them, and fsspec stays importable."""
+    script = (
+        "import sys\n"
+        "from atomtrain.runtime import unimported\n"
+        "with unimported('fsspec', 'boto3'):\n"
+        "    from torch.utils.tensorboard import SummaryWriter\n"
+        f"writer = SummaryWriter(log_dir={str(tmp_path)!r})\n"
+        "writer.add_scalar('loss', 0.5, 1)\n"
+        "writer.close()\n"
+        "assert 'fsspec' not in sys.modules\n"
+        "import fsspec\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    events = list(tmp_path.glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import AtomtrainError
 from ..io import atomic_save_with_directory
+from ..runtime import unimported
 from . import adapters, registry
 from .energy_model import EnergyModel, ensemble_name, uncertainty_name
 
@@ -42,7 +43,8 @@ EXTENSIONS_DIRECTORY = "extensions"
 
 def atomistic_model(model: EnergyModel):
     """``model`` as a metatomic AtomisticModel, in eval mode on CPU."""
-    from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
+    with unimported("IPython"):
+        from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
 
     from .metatomic_wrapper import MetatomicEnergy
 
@@ -216,7 +218,8 @@ def load_exported(
         )
     metadata = metatomic_metadata(path)
     if metadata is not None:
-        import metatomic.torch  # noqa: F401  (its TorchScript classes are in the file)
+        with unimported("IPython"):
+            import metatomic.torch  # noqa: F401  (its TorchScript classes are in the file)
     hypers = json.loads((metadata or {}).get("extra", {}).get(EXTRA_KEYS[HYPERS_FILE]) or "{}")
     architecture = registry.architecture_of(hypers)  # exports before metatomic: SOAP-BPNN
     architecture.load_extensions()  # the operators and their autograd formulas

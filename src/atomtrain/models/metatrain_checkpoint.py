@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..errors import AtomtrainError
+from ..runtime import unimported
 from . import registry
 from .energy_model import EnergyModel
 from .export import first_line, pickle_header
@@ -53,7 +54,8 @@ def is_metatrain_checkpoint(path: str | Path) -> bool:
 
 def load(path: str | Path) -> dict[str, Any]:
     """The checkpoint's dictionary, loaded with weights_only=True and ALLOWED only."""
-    import metatomic.torch  # noqa: F401  (registers the TorchScript classes it holds)
+    with unimported("IPython"):
+        import metatomic.torch  # noqa: F401  (registers the TorchScript classes it holds)
 
     try:
         with torch.serialization.safe_globals(ALLOWED):

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import AtomtrainError, OptionsError
 from ..options import LoggingOptions
+from ..runtime import unimported
 from .outputs import LOGGER_NAME
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -61,7 +62,8 @@ class ExperimentLogs:
         if wanted is None:
             wanted = installed("tensorboard")
         if wanted:
-            from torch.utils.tensorboard import SummaryWriter
+            with unimported("fsspec", "boto3"):  # remote paths' layers, not used
+                from torch.utils.tensorboard import SummaryWriter
 
             self.tensorboard = SummaryWriter(log_dir=str(directory / TENSORBOARD_DIRECTORY))
         if options.wandb is not None:

@@ -19,6 +19,7 @@ import types
 from pathlib import Path
 
 from ...errors import AtomtrainError
+from ...runtime import unimported
 
 PINNED = "metatrain==2026.4.1"
 NETWORK = "metatrain.pet.modules.backend"
@@ -30,7 +31,8 @@ def import_pet() -> tuple[types.ModuleType, ...]:
     """metatrain's modules ``backend`` (PETBackend), ``nef`` and ``utilities``, or one
     line saying what to install."""
     if NETWORK not in sys.modules:
-        import_network()
+        with unimported("IPython"):  # metatrain imports metatensor-torch
+            import_network()
     return tuple(importlib.import_module(name) for name in (NETWORK, *HELPERS))
 
 
