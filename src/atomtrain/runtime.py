@@ -135,6 +135,7 @@ class BusyCores:
         self.ticks_per_second = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.warned = False
         self.two_levels = False
+        self.compilations = 0
         self.last = self.sample()
 
     @classmethod
@@ -159,8 +160,18 @@ class BusyCores:
         used = (cores_now - cores_then) - (own_now - own_then)  # type: ignore[operator]
         return max(0.0, used / self.ticks_per_second / (now - then))
 
-    def poll(self) -> ThreadDecision | None:
-        """A new thread count when the others' use of the cores changed it, else None."""
+    def poll(self, compilations: int = 0) -> ThreadDecision | None:
+        """A new thread count when the others' use of the cores changed it, else None.
+
+        ``compilations``: how often the training step was compiled so far. After a new
+        one, the cores' time since the last sample is not measured: it went to
+        inductor's compiler processes, this run's own work. Taken for another job's, it
+        took a thread away, and the new thread count compiled the step again (dynamo
+        guards on it: 35 s more for a small SOAP-BPNN with a cold cache)."""
+        if compilations > self.compilations:
+            self.compilations = compilations
+            self.last = self.sample()
+            return None
         others = self.others()
         if others is None or self.full_threads <= 1 and self.user_fixed:
             return None

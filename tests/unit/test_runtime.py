@@ -107,6 +107,25 @@ def test_with_two_levels_a_busy_machine_gets_one_thread_not_another_count(monkey
     assert busy.poll().threads == 3
 
 
+def test_a_compilation_is_not_taken_for_another_jobs_work(monkeypatch):
+    """inductor compiles in processes of its own, which keep a core busy; after a new
+    compilation that time is not measured (taken for another job's, it took a thread
+    away, and the new count compiled the step again), and the next interval is."""
+    import torch
+
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    machine = FakeMachine()
+    busy = watcher(machine)
+    busy.two_levels = True
+    machine.run(35.0, own_cores=1.0, other_cores=1.0)  # the first compilation
+    assert busy.poll(compilations=1) is None
+    machine.run(1.5, own_cores=2.0, other_cores=0.0)
+    assert busy.poll(compilations=1) is None and calls == []
+    machine.run(1.5, own_cores=1.0, other_cores=1.0)  # another job, after it
+    assert busy.poll(compilations=1).threads == 1 and calls == [1]
+
+
 def test_busy_cores_keep_the_users_thread_count_and_say_so_once(monkeypatch):
     import torch
 

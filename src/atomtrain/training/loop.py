@@ -303,7 +303,12 @@ class Trainer:
     def adapt_threads(self) -> None:
         """Fewer threads while other processes use this rank's cores (see BusyCores)."""
         busy_cores = self.context.busy_cores
-        decision = busy_cores.poll() if busy_cores is not None else None
+        if busy_cores is None:
+            return
+        step = getattr(self, "step_predictions", None)  # set after the data is read
+        decision = busy_cores.poll(
+            step.compilations if isinstance(step, CompiledPredictions) else 0
+        )
         if decision is not None and decision.message:
             logger.warning(decision.message)
 
