@@ -291,7 +291,9 @@ class TrainingOptions(Strict):
     refused when it disagrees (PET's does), so the model trained is the eager one's to
     rounding. ``true``: a model that cannot be compiled is an error; ``false``: never;
     ``auto``: on CPU, for runs long enough to repay the compilation where
-    docs/performance.md measured a gain (MACE), else eager; the log says which."""
+    docs/performance.md measured a gain (MACE), else eager; the log says which. A stop
+    signal during a compilation gives it up: that step runs eagerly and the checkpoint
+    follows it."""
     log_interval: Annotated[int, Field(ge=1)] = 1
     """Validate and log every this many epochs (and at the last one)."""
     checkpoint_interval: Annotated[int, Field(ge=1)] = 25

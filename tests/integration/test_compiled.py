@@ -4,6 +4,11 @@ the log (auto) or one line and exit code 2 (true)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
@@ -11,7 +16,7 @@ from atomtrain.cli.main import main
 from atomtrain.training import compiled as compiled_module
 
 from conftest import RESOURCES
-from helpers import run_directories, write_options
+from helpers import environment, finish, run_directories, write_options
 
 ETHANOL = RESOURCES / "ethanol_40.xyz"
 
@@ -134,3 +139,56 @@ def test_two_compiled_processes_train_the_one_process_model(tmp_path, compiled_r
         if value.is_floating_point():
             scale = float(value.abs().max()) or 1.0
             assert float((found[name] - value).abs().max()) <= 1e-8 * scale, name
+
+
+# a compiler that takes two minutes (as MACE's cold compilation may), in Python so that a
+# signal's handler runs; it marks the file given first when it starts
+SLOW_COMPILER_RUN = """
+import sys, time
+from pathlib import Path
+from torch._inductor import compile_fx
+
+def slow(graph, example_inputs):
+    Path(sys.argv[1]).touch()
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        time.sleep(0.05)
+    raise AssertionError("the compilation was not given up")
+
+compile_fx.compile_fx = slow
+from atomtrain.cli.main import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_during_the_compilation_checkpoints_without_waiting_for_it(tmp_path):
+    """SIGTERM while the step compiles (a scheduler waits 30-120 s before it kills; a
+    cold compilation of MACE takes a minute): the compilation is given up, the step
+    runs eagerly, and its checkpoint is written at once."""
+    options = write_options(tmp_path, ETHANOL, architecture__training__compile=True)
+    marker, run = tmp_path / "compiling", tmp_path / "run"
+    command = [sys.executable, "-c", SLOW_COMPILER_RUN, str(marker)]
+    process = subprocess.Popen(
+        [*command, "train", str(options), "--run-dir", str(run)],
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the compilation did not begin"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    ((code, _, error),) = finish([process], limit=60)
+    waited = time.monotonic() - signalled
+    assert code == 75, error[-2000:]
+    assert "training stopped by SIGTERM at epoch 1, step 1" in error
+    assert waited < 60  # not the compilation's 120 s
+    log = (run / "train.log").read_text()
+    assert "SIGTERM arrived during the training step's compilation, which was given up" in log
+    state = torch.load(run / "last.ckpt", weights_only=True)
+    assert (state["epoch"], state["step"]) == (0, 1)

@@ -40,6 +40,7 @@ from ..models.export import first_line
 from .evaluation import model_inputs, predict
 from .outputs import LOGGER_NAME
 from .padding import BatchShape, BatchSizes, batch_shape, batch_sizes, padded
+from .stopping import StopArrived, StopRequest
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -391,19 +392,33 @@ class CompiledPredictions:
         self.seconds = 0.0
         self.eager_batches = 0
         self.verified = 0  # compilations whose graphs were checked against eager steps
+        # the run's stop request: a stop signal gives up a compilation in progress
+        self.stop: StopRequest | None = None
         inductor_cache()
 
     def __call__(self, batch: Batch) -> dict[str, torch.Tensor]:
+        if self.failed is None and self.stop is not None and self.stop.requested:
+            self.failed = "the run stops"  # compiling now would hold the stop back
         if self.failed is None:
             try:
-                found = self.compiled(batch)
-                if found is not None and self.compilations > self.verified:
-                    # on outputs of their own: a compiled backward runs once (its
-                    # buffers are donated), and the step's loss needs its own
-                    self.verify(batch, self.compiled(batch))
-                    self.verified = self.compilations
+                with self.stop.raised_here() if self.stop else contextlib.nullcontext():
+                    found = self.compiled(batch)
+                    if found is not None and self.compilations > self.verified:
+                        # on outputs of their own: a compiled backward runs once (its
+                        # buffers are donated), and the step's loss needs its own
+                        self.verify(batch, self.compiled(batch))
+                        self.verified = self.compilations
                 if found is not None:
                     return found
+            except StopArrived as arrived:
+                # a compilation takes up to a minute (MACE), a scheduler waits 30-120 s
+                # after its signal before it kills: this step goes on eagerly, and the
+                # run stops after it (a resumed run compiles again)
+                self.failed = "the run stops"
+                logger.info(
+                    f"{arrived.args[0]} arrived during the training step's compilation, "
+                    "which was given up: the step runs eagerly and the run stops after it"
+                )
             except CompilationFailed as error:
                 self.fail(str(error), error)
             except Exception as error:

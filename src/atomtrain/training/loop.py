@@ -205,6 +205,8 @@ class Trainer:
         self.resumed_sums: torch.Tensor | None = None
         self.global_step = 0
         self.stop = StopRequest()
+        if isinstance(self.step_predictions, CompiledPredictions):
+            self.step_predictions.stop = self.stop
         self.best_metric = math.inf
         self.best_epoch = -1
         self.best_state = copy.deepcopy(self.model.state_dict())

@@ -3,9 +3,11 @@ reduce one small status tensor, so they all take the same decision at the same s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
 from ..errors import AtomtrainError
 from ..signals import EXIT_STOPPED, SignalArrivals, give_back_signals, take_stop_signals
@@ -21,6 +23,7 @@ class StopRequest:
         self.signal_name: str | None = None
         self.previous: dict[int, object] = {}
         self.arrivals: SignalArrivals | None = None
+        self.raising = False
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -39,6 +42,21 @@ class StopRequest:
     def _handle(self, number: int, frame) -> None:
         if self.signal_name is None:
             self.signal_name = signal.Signals(number).name
+            if self.raising:
+                self.raising = False
+                raise StopArrived(self.signal_name)
+
+    @contextlib.contextmanager
+    def raised_here(self) -> Iterator[None]:
+        """A stop that arrives in this block raises StopArrived in the main thread at
+        once, instead of waiting for the step boundary: for work that may take a minute
+        (compiling the training step), longer than a scheduler waits after its signal.
+        Where the handlers are not installed (not the main thread), nothing raises."""
+        self.raising = True
+        try:
+            yield
+        finally:
+            self.raising = False
 
     @property
     def requested(self) -> bool:
@@ -57,6 +75,13 @@ def obey_at_once(number: int) -> None:
     # not print() nor logging: the main thread may hold their locks, stuck for good
     os.write(2, line.encode())
     os._exit(128 + number)
+
+
+class StopArrived(BaseException):
+    """A stop signal, raised where the work in progress may be given up (see
+    StopRequest.raised_here). A BaseException, as KeyboardInterrupt is, so that a
+    library's handlers of errors (torch.compile's) do not take it for an error of
+    their own."""
 
 
 class CollectiveError(AtomtrainError):
