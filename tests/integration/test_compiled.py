@@ -1,6 +1,8 @@
-"""The compiled training step (architecture.training.compile) in whole runs: it trains
-the eager run's model, resumes exactly, and a model it cannot compile is one line in
-the log (auto) or one line and exit code 2 (true)."""
+"""The compiled training step (architecture.training.compile) in whole runs, through
+inductor's code generation: it trains the eager run's model, resumes exactly, and a
+model it cannot compile is one line in the log (auto) or one line and exit code 2
+(true). The runs train on silicon with stress, and with one thread: inductor's cache
+is per thread count, and the two-process run (a thread each) then starts warm."""
 
 from __future__ import annotations
 
@@ -19,13 +21,21 @@ from conftest import RESOURCES
 from helpers import environment, finish, run_directories, write_options
 
 ETHANOL = RESOURCES / "ethanol_40.xyz"
+SILICON = RESOURCES / "si_test.xyz"  # 25 cells of 63 atoms, with stress
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
 
 
 def train(directory, compile_option, *extra, **changes):
     directory.mkdir(parents=True, exist_ok=True)
     options = write_options(
         directory,
-        ETHANOL,
+        SILICON,
         architecture__training__compile=compile_option,
         architecture__training__num_epochs=2,
         **changes,
@@ -41,7 +51,8 @@ def weights(run):
 
 @pytest.fixture(scope="module")
 def compiled_run(tmp_path_factory):
-    """A compiled run of two epochs, float64, with a checkpoint after each."""
+    """A compiled run of two epochs, float64, with stress, with a checkpoint after
+    each."""
     directory = tmp_path_factory.mktemp("compiled")
     code, run = train(directory, True, architecture__training__checkpoint_interval=1)
     assert code == 0

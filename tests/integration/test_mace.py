@@ -93,9 +93,9 @@ def run_to_the_end(command) -> None:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
 
-def final_model(run_dir):
+def final_model(run_dir, epochs=EPOCHS):
     state = torch.load(run_dir / "last.ckpt", weights_only=True)
-    assert (state["epoch"], state["step"]) == (EPOCHS, 0)
+    assert (state["epoch"], state["step"]) == (epochs, 0)
     return state["model_state"]
 
 
@@ -126,7 +126,11 @@ def test_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp_path):
     assert main(["convert", str(RESOURCES / "si_test.xyz"), "-o", str(silicon)]) == 0
     states = []
     for extra in ([], ["--nproc", "2"]):
-        path = mace_options(tmp_path, architecture__training__max_atoms_per_batch=120)
+        path = mace_options(
+            tmp_path,
+            architecture__training__max_atoms_per_batch=120,
+            architecture__training__num_epochs=3,
+        )
         options = yaml.safe_load(path.read_text())
         options["training_set"] = [
             {"systems": {"read_from": str(ETHANOL)}},
@@ -138,7 +142,7 @@ def test_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp_path):
         run_to_the_end(train_command(path, run, *extra))
         log = (run / "train.log").read_text()
         assert "train: silicon" in log and "training batches packed by atom count" in log
-        states.append(final_model(run))
+        states.append(final_model(run, epochs=3))
     assert_same_model(states[1], states[0])
 
 
@@ -180,7 +184,7 @@ def test_cuequivariance_kernels_keep_the_model_and_its_e3nn_state():
 
 
 @pytest.mark.slow
-def test_a_run_on_cuequivariance_kernels_resumes_exactly_and_exports_e3nn(tmp_path):
+def test_a_run_on_cuequivariance_kernels_resumes_exactly_and_exports_e3nn(tmp_path, capsys):
     """cueq: true on a CPU. Adam follows another path in cuequivariance's parameters
     (mace-torch's reduced projection is not orthogonal), so the reference is an
     uninterrupted run on the same kernels: stopped after two epochs and resumed on two
@@ -189,11 +193,16 @@ def test_a_run_on_cuequivariance_kernels_resumes_exactly_and_exports_e3nn(tmp_pa
     pytest.importorskip("cuequivariance_torch")
     from test_metatomic import engine_predictions  # it imports this module
 
-    options = mace_options(tmp_path, architecture__model={**TINY_MACE, "cueq": True})
+    epochs = 4  # stopped after the second
+    options = mace_options(
+        tmp_path,
+        architecture__model={**TINY_MACE, "cueq": True},
+        architecture__training__num_epochs=epochs,
+    )
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     run_to_the_end(train_command(options, whole))
     assert "cuequivariance kernels" in (whole / "train.log").read_text()
-    stop_then_resume_with_two(options, resumed, EPOCHS)
+    stop_then_resume_with_two(options, resumed, epochs)
     # the same model: e3nn's layout is one of many for it (mace-torch's conversion sets
     # weights the products ignore to ~1e-8), so the predictions are compared
     structures = [structure_from_atoms(ethanol()), structure_from_atoms(ase.io.read(ETHANOL, 7))]
@@ -213,11 +222,11 @@ def test_a_run_on_cuequivariance_kernels_resumes_exactly_and_exports_e3nn(tmp_pa
     state = torch.load(whole / "last.ckpt", weights_only=True)
     state["hypers"]["model"]["cueq"] = None
     torch.save(state, whole / "last.ckpt")
-    longer = mace_options(tmp_path, architecture__training__num_epochs=EPOCHS + 1)
-    command = train_command(longer, whole, "--restart", str(whole / "last.ckpt"))
-    result = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2, result.stderr[-2000:]
-    (line,) = result.stderr.strip().splitlines()
+    longer = mace_options(tmp_path, architecture__training__num_epochs=epochs + 1)
+    capsys.readouterr()
+    restart = ["--run-dir", str(whole), "--restart", str(whole / "last.ckpt")]
+    assert main(["train", str(longer), *restart]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
     assert "cuequivariance" in line and "architecture.model.cueq" in line
 
 
