@@ -106,9 +106,10 @@ def write_options(directory, data_file, **changes):
         "training_set": {"systems": {"read_from": str(data_file)}},
         "validation_set": 0.2,
         "test_set": 0.1,
-        # tests of other things need no event files (their import costs 0.2-0.3 s a run);
-        # tests/integration/test_experiment_logs.py turns them on
-        "logging": {"tensorboard": False},
+        # tests of other things need no event files (their import costs 0.2-0.3 s a run)
+        # nor figures (a child process with matplotlib, 0.8 s of CPU a run); the tests of
+        # those turn them on (test_experiment_logs.py, test_cli.py, test_targets.py)
+        "logging": {"tensorboard": False, "figures": False},
     }
     for dotted, value in changes.items():
         target = options

@@ -34,7 +34,7 @@ def train(tmp_path, options, *extra):
 def trained(tmp_path_factory):
     """One real training run shared by the read-only checks."""
     directory = tmp_path_factory.mktemp("run")
-    options = write_options(directory, ETHANOL)
+    options = write_options(directory, ETHANOL, logging__figures=True)
     assert train(directory, options, "-o", str(directory / "exported.pt")) == 0
     (run,) = run_directories(directory / "outputs")
     return directory, run
@@ -110,6 +110,16 @@ def test_the_best_model_may_be_picked_by_one_named_error(tmp_path):
     with (run / "train.csv").open() as stream:
         errors = [float(row["validation_forces_mae (eV/A)"]) for row in csv.DictReader(stream)]
     assert f"best model: epoch {1 + errors.index(min(errors))}" in (run / "train.log").read_text()
+
+
+def test_figures_false_writes_train_csv_and_draws_nothing(tmp_path):
+    """logging.figures: false (what helpers.write_options sets): no child process, no
+    learning_curves.png, and the log names no curves phase."""
+    options = write_options(tmp_path, ETHANOL, architecture__training__num_epochs=1)
+    assert train(tmp_path, options) == 0
+    (run,) = run_directories(tmp_path / "outputs")
+    assert (run / "train.csv").is_file() and not (run / "learning_curves.png").exists()
+    assert "learning curves" not in (run / "train.log").read_text()
 
 
 def test_the_log_ends_with_the_time_of_each_phase(trained):

@@ -298,7 +298,7 @@ def test_two_processes_and_a_mid_epoch_resume_give_the_one_process_model(tmp_pat
     assert any(name.startswith("variant_heads.0.") for name in reference)
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
-    options = mixed_options(resumed_dir)
+    options = mixed_options(resumed_dir, logging__figures=True)
     stop_then_resume_with_two(options, resumed_dir / "run", 12)
     actual = final_state(resumed_dir / "run")
     for name, value in reference.items():

@@ -530,7 +530,7 @@ class Trainer:
         logger.info(metrics_table(results))
         if context.is_main:
             curves = None
-            if (directory / "train.csv").exists():
+            if self.options.logging.figures and (directory / "train.csv").exists():
                 # drawn meanwhile; started after the evaluation, whose thread count
                 # would otherwise follow the child as another job on a core
                 curves = CurvesInBackground(
