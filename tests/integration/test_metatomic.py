@@ -339,7 +339,7 @@ def test_md_examples_refuse_missing_files_in_one_line(ethanol, tmp_path):
 def test_the_ipi_example_drives_every_architecture_through_its_metatomic_driver(
     case, request, tmp_path
 ):
-    """examples/md/ipi/run.sh as a user runs it, shortened to 30 steps: i-PI runs NVE
+    """examples/md/ipi/run.sh as a user runs it, shortened to 12 steps: i-PI runs NVE
     with the model (SOAP-BPNN, MACE, PET) served by i-PI's metatomic driver over a UNIX
     socket, and the plot is drawn; the driver process loads metatomic only, and i-PI's
     potential energies and forces equal the ASE calculator's at the same positions."""
@@ -347,7 +347,7 @@ def test_the_ipi_example_drives_every_architecture_through_its_metatomic_driver(
     example = tmp_path / "ipi"
     shutil.copytree(EXAMPLES / "md" / "ipi", example)
     nve = example / "input-nve.xml"
-    nve.write_text(nve.read_text().replace("<total_steps>1000<", "<total_steps>30<"))
+    nve.write_text(nve.read_text().replace("<total_steps>1000<", "<total_steps>12<"))
     result = subprocess.run(
         ["bash", str(example / "run.sh"), str(model), "nve"],
         capture_output=True,
@@ -357,7 +357,7 @@ def test_the_ipi_example_drives_every_architecture_through_its_metatomic_driver(
     assert result.returncode == 0, (result.stderr + (example / "ipi.log").read_text())[-3000:]
     assert "atomtrain" not in result.stderr  # the driver process loaded metatomic only
     steps, potentials = read_ipi_properties(example / "md.out")
-    assert steps[-1] == 30 and np.ptp(potentials) > 1e-5  # the atoms moved
+    assert steps[-1] == 12 and np.ptp(potentials) > 1e-5  # the atoms moved
     assert (example / "md_ipi_nve.png").stat().st_size > 10_000
     frames = ase.io.read(example / "md.pos_0.extxyz", index=":")
     assert len(frames) == len(potentials)
