@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESOURCES = ROOT / "tests" / "resources"
 EXAMPLES = ROOT / "examples"
 
-# The suite starts some 400 Python processes that import atomtrain (runs, ranks, engines,
+# The suite starts hundreds of Python processes that import atomtrain (runs, ranks, engines,
 # examples). Where the environment sets PYTHONDONTWRITEBYTECODE (this machine does), each
-# compiles atomtrain's sources again: 0.15 s a process, about a minute of the suite.
+# compiles atomtrain's sources again: 0.15 s a process.
 # Bytecode is cached as Python does by default (__pycache__ is git-ignored).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
