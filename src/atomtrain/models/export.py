@@ -17,6 +17,7 @@ import re
 import shutil
 import site
 import sys
+import types
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -41,11 +42,18 @@ EXTRA_KEYS = {HYPERS_FILE: "atomtrain-hypers", BASELINE_SPAN_FILE: "atomtrain-ba
 EXTENSIONS_DIRECTORY = "extensions"
 
 
+def metatomic_torch() -> types.ModuleType:
+    """metatomic.torch, its TorchScript classes registered; imported without IPython,
+    which metatensor-torch imports only to serve a running one (runtime.unimported)."""
+    with unimported("IPython"):
+        import metatomic.torch
+
+    return metatomic.torch
+
+
 def atomistic_model(model: EnergyModel):
     """``model`` as a metatomic AtomisticModel, in eval mode on CPU."""
-    with unimported("IPython"):
-        from metatomic.torch import AtomisticModel, ModelCapabilities, ModelMetadata, ModelOutput
-
+    metatomic = metatomic_torch()
     from .metatomic_wrapper import MetatomicEnergy
 
     model = adapters.merged(model)  # engines get the plain architecture
@@ -54,7 +62,7 @@ def atomistic_model(model: EnergyModel):
     inner = architecture.script(copy.deepcopy(model).cpu().eval())
     outputs = {}
     for name in model.energy_names:  # "energy" and its variants, "energy/<variant>"
-        outputs[name] = ModelOutput(
+        outputs[name] = metatomic.ModelOutput(
             quantity="",  # deprecated: metatomic reads the dimension from the unit
             unit=model.energy_unit,
             sample_kind="atom",  # per system by default, per atom on request
@@ -63,7 +71,7 @@ def atomistic_model(model: EnergyModel):
         )
     units = {spec.name: spec.unit for spec in specs}
     for name in model.uncertainty_outputs():
-        outputs[uncertainty_name(name)] = ModelOutput(
+        outputs[uncertainty_name(name)] = metatomic.ModelOutput(
             quantity="",
             unit=units.get(name, model.energy_unit),
             sample_kind="atom",  # per system by default, per atom on request
@@ -72,20 +80,20 @@ def atomistic_model(model: EnergyModel):
             + " (one standard deviation)",
         )
     for name in model.ensemble_outputs():
-        outputs[ensemble_name(name)] = ModelOutput(
+        outputs[ensemble_name(name)] = metatomic.ModelOutput(
             quantity="",
             unit=model.energy_unit,
             sample_kind="atom",  # per system by default, per atom on request
             description=f"LLPR ensemble of {name} (last-layer weights sampled)",
         )
     for spec in specs:
-        outputs[spec.name] = ModelOutput(
+        outputs[spec.name] = metatomic.ModelOutput(
             quantity="",
             unit=spec.unit,
             sample_kind="atom",  # per-structure targets: per atom on request
             description=spec.description or spec.quantity or spec.name,
         )
-    capabilities = ModelCapabilities(
+    capabilities = metatomic.ModelCapabilities(
         outputs=outputs,
         atomic_types=[int(z) for z in model.atomic_types],
         interaction_range=float(model.cutoff),
@@ -96,7 +104,7 @@ def atomistic_model(model: EnergyModel):
         dtype="float64",
     )
     trained_on = getattr(model, "trained_on", "") or "training data not recorded"
-    metadata = ModelMetadata(
+    metadata = metatomic.ModelMetadata(
         name=f"atomtrain {architecture.display_name}",
         description=(
             f"{architecture.display_name} interatomic potential trained with atomtrain; "
@@ -109,7 +117,7 @@ def atomistic_model(model: EnergyModel):
         },
     )
     wrapper = MetatomicEnergy(inner, specs, list(model.energy_names))
-    return AtomisticModel(wrapper.eval(), metadata, capabilities)
+    return metatomic.AtomisticModel(wrapper.eval(), metadata, capabilities)
 
 
 def export(model: EnergyModel, path: str | Path) -> None:
@@ -218,8 +226,7 @@ def load_exported(
         )
     metadata = metatomic_metadata(path)
     if metadata is not None:
-        with unimported("IPython"):
-            import metatomic.torch  # noqa: F401  (its TorchScript classes are in the file)
+        metatomic_torch()  # its TorchScript classes are in the file
     hypers = json.loads((metadata or {}).get("extra", {}).get(EXTRA_KEYS[HYPERS_FILE]) or "{}")
     architecture = registry.architecture_of(hypers)  # exports before metatomic: SOAP-BPNN
     architecture.load_extensions()  # the operators and their autograd formulas

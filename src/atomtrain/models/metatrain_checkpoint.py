@@ -23,10 +23,9 @@ from typing import Any
 import torch
 
 from ..errors import AtomtrainError
-from ..runtime import unimported
 from . import registry
 from .energy_model import EnergyModel
-from .export import first_line, pickle_header
+from .export import first_line, metatomic_torch, pickle_header
 
 
 class DatasetInfo:
@@ -54,8 +53,7 @@ def is_metatrain_checkpoint(path: str | Path) -> bool:
 
 def load(path: str | Path) -> dict[str, Any]:
     """The checkpoint's dictionary, loaded with weights_only=True and ALLOWED only."""
-    with unimported("IPython"):
-        import metatomic.torch  # noqa: F401  (registers the TorchScript classes it holds)
+    metatomic_torch()  # registers the TorchScript classes it holds
 
     try:
         with torch.serialization.safe_globals(ALLOWED):
