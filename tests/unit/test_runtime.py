@@ -158,7 +158,6 @@ def test_unimported_modules_are_refused_inside_and_importable_after():
     """``unimported`` keeps optional imports out (metatensor-torch's IPython,
     TensorBoard's fsspec) without changing what is imported already."""
     import json
-    import sys
 
     assert "json" in sys.modules
     name = "atomtrain_never_imported_module"
@@ -173,19 +172,19 @@ def test_unimported_modules_are_refused_inside_and_importable_after():
 
 
 def test_tensorboard_writes_its_events_without_fsspec(tmp_path):
-    """The run's event files are local: TensorBoard imported without its remote
-    layers still writes them, and fsspec stays importable."""
+    """The run's event files are local: the experiment logs' TensorBoard, imported
+    without its remote layers, still writes them, and fsspec stays importable."""
     script = (
         "import sys\n"
-        "from atomtrain.runtime import unimported\n"
-        "with unimported('fsspec', 'boto3'):\n"
-        "    from torch.utils.tensorboard import SummaryWriter\n"
-        f"writer = SummaryWriter(log_dir={str(tmp_path)!r})\n"
-        "writer.add_scalar('loss', 0.5, 1)\n"
-        "writer.close()\n"
+        "from pathlib import Path\n"
+        "from atomtrain.options import LoggingOptions\n"
+        "from atomtrain.training.experiment_logs import ExperimentLogs\n"
+        f"logs = ExperimentLogs(LoggingOptions(tensorboard=True), Path({str(tmp_path)!r}), {{}})\n"
+        "logs.log(1, {'epoch': 1, 'loss': 0.5})\n"
+        "logs.close()\n"
         "assert 'fsspec' not in sys.modules\n"
         "import fsspec\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
-    events = list(tmp_path.glob("events.out.tfevents.*"))
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 0
