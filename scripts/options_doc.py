@@ -9,19 +9,21 @@ from pydantic import BaseModel
 
 from atomtrain.models import registry
 from atomtrain.options import SECTIONS, ArchitectureCommon, Options, nested_model
+from atomtrain.options_base import field_docstrings
 
 
 def _render(model: type[BaseModel], prefix: str, lines: list[str]) -> None:
+    descriptions = field_docstrings(model)
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
+        description = " ".join(descriptions[name].split())
         if key == "architecture":  # a section per architecture, in tables of their own
-            lines.append(f"| `{key}` | {' '.join((field.description or '').split())} | see below |")
+            lines.append(f"| `{key}` | {description} | see below |")
             _render(ArchitectureCommon, f"{key}.", lines)
             continue
         default = "required" if field.is_required() else repr(field.get_default())
         if nested_model(field.annotation) is not None and not field.is_required():
             default = "see below"
-        description = " ".join((field.description or "").split())
         lines.append(f"| `{key}` | {description} | `{default}` |")
         sub = nested_model(field.annotation)
         if sub is not None and sub is not model:

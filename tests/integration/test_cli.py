@@ -128,7 +128,7 @@ def test_the_log_ends_with_the_time_of_each_phase(trained):
     directory, run = trained
     last = (run / "train.log").read_text().strip().splitlines()[-1]
     assert "time by phase: " in last
-    for phase in ("setup", "optimizer", "epochs", "refit", "final evaluation", "export"):
+    for phase in ("setup", "epochs", "refit", "final evaluation", "export"):
         assert re.search(rf"\b{phase} \d+\.\d\d s", last), (phase, last)
     # -o gets the exported model's very bytes, copied rather than scripted again
     assert (directory / "exported.pt").read_bytes() == (run / "model.pt").read_bytes()

@@ -186,9 +186,7 @@ class Trainer:
             context.busy_cores.two_levels = True  # each thread count is a compilation
         trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         self.parameters = [parameter for _, parameter in trained]
-        first = "torch._dynamo" not in sys.modules  # torch.optim imports it (1 s here)
-        with self.phases.timed("optimizer", "importing torch._dynamo" if first else ""):
-            self.optimizer = make_optimizer(trained, self.training_options, architecture.decays)
+        self.optimizer = make_optimizer(trained, self.training_options, architecture.decays)
         decay = self.training_options.ema_decay
         self.average = WeightAverage(self.parameters, decay) if decay is not None else None
         clip_norm = self.training_options.grad_clip_norm
@@ -408,8 +406,7 @@ class Trainer:
         directory = self.run.directory
         epoch_time = time.perf_counter()
         if self.started is not None:
-            setup = epoch_time - self.started - self.phases.seconds.get("optimizer", 0.0)
-            self.phases.add("setup", setup)
+            self.phases.add("setup", epoch_time - self.started)
         epochs_began = epoch_time
         for epoch in range(self.start_epoch, options.num_epochs):
             start_step = self.start_step if epoch == self.start_epoch else 0

@@ -106,6 +106,36 @@ def apply_now(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
         group["lr"] = base * factor(scheduler.last_epoch)
 
 
+def _undecorated(method: Callable[..., Any]) -> Callable[..., Any]:
+    return getattr(method, "__wrapped__", method)
+
+
+def _eager(kind: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """``kind`` without torch's guards against ``torch.compile`` tracing into the
+    optimizer. Each of them imports torch._dynamo on its first call: 0.9-1.5 s of every
+    run's start, for a guard that never acts here, since atomtrain compiles the
+    predictions and never the optimizer. The step keeps what its guard did besides:
+    no autograd graph through the update (torch's ``differentiable=False``)."""
+    step = _undecorated(kind.step)
+
+    class Eager(kind):  # type: ignore[valid-type, misc]
+        add_param_group = _undecorated(torch.optim.Optimizer.add_param_group)
+        zero_grad = _undecorated(torch.optim.Optimizer.zero_grad)
+        state_dict = _undecorated(torch.optim.Optimizer.state_dict)
+        load_state_dict = _undecorated(torch.optim.Optimizer.load_state_dict)
+
+        @torch.no_grad()
+        def step(self, closure=None):  # type: ignore[no-untyped-def]
+            return step(self, closure)
+
+    Eager.__name__ = Eager.__qualname__ = kind.__name__
+    return Eager
+
+
+EAGER_ADAM = _eager(torch.optim.Adam)
+EAGER_ADAMW = _eager(torch.optim.AdamW)
+
+
 def make_optimizer(
     parameters: list[tuple[str, torch.nn.Parameter]],
     training: TrainingOptions,
@@ -114,7 +144,7 @@ def make_optimizer(
     """Adam or AdamW as the training section sets them; weight decay only on the
     parameters ``decays`` names (the architecture's choice), the others in a group of
     their own."""
-    kind = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
+    kind = EAGER_ADAMW if training.optimizer == "adamw" else EAGER_ADAM
     decayed = [parameter for name, parameter in parameters if decays(name)]
     spared = [parameter for name, parameter in parameters if not decays(name)]
     groups = [{"params": decayed}] if decayed else []
