@@ -209,6 +209,21 @@ class BusyCores:
         )
 
 
+class _Process:
+    runs_one_command = False
+
+
+def this_process_runs_one_command() -> None:
+    """Said by the command line's entry: this process runs one command, then exits. An
+    optional import that a library could need later in a longer-lived process (a
+    notebook, the tests) can then be left out when the command is done with it."""
+    _Process.runs_one_command = True
+
+
+def runs_one_command() -> bool:
+    return _Process.runs_one_command
+
+
 @contextlib.contextmanager
 def unimported(*names: str) -> Iterator[None]:
     """Imports made here find none of the modules ``names`` (ImportError) unless they
@@ -218,6 +233,10 @@ def unimported(*names: str) -> Iterator[None]:
     - metatensor-torch (imported by metatomic) imports IPython only to register an HTML
       display with a running IPython: 0.13-0.3 s of each export, eval and metatrain
       checkpoint read where IPython is installed (a Jupyter environment).
+    - metatensor-torch compiles its Python operations with TorchScript at its import
+      (0.9 s of its 1.0 s here) when metatensor-operations is installed (metatrain
+      needs it); metatomic uses none of them. metatensor-torch decides once, at its
+      import, so they are left out only where nothing later in the process needs them.
     - TensorBoard's file layer imports fsspec (a torch dependency) and boto3 for remote
       paths: 0.15 s of each run's start; its event files go to the run directory."""
     blocked = [name for name in names if name not in sys.modules]

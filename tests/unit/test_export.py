@@ -5,6 +5,9 @@ test_metatomic.py.)"""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import ase
 import ase.build
@@ -45,6 +48,44 @@ def test_calculator_reproduces_the_model(exported):
     stress = expected["stress"][0].detach().numpy()
     voigt = stress.reshape(9)[[0, 4, 8, 5, 2, 1]]
     np.testing.assert_allclose(atoms.get_stress(), voigt, atol=1e-9)
+
+
+EXPORT_IN_ITS_OWN_PROCESS = """
+import sys
+sys.path.insert(0, {tests!r})
+from atomtrain import runtime
+if {one_command}:
+    runtime.this_process_runs_one_command()
+from atomtrain.models.export import export
+from helpers import small_model
+export(small_model([8, 14]), {path!r})
+import metatensor.torch
+print("metatensor_operations" in sys.modules, hasattr(metatensor.torch, "add"))
+"""
+
+
+@pytest.mark.parametrize("one_command", [True, False])
+def test_the_export_ending_a_command_leaves_metatensors_operations_out(
+    exported, tmp_path, one_command
+):
+    """metatensor-torch compiles its Python operations with TorchScript when imported
+    (0.9 s of each train and export command here), and metatomic uses none of them: the
+    export that ends a command's process leaves them out, and its model is the same. A
+    longer-lived process (a notebook, metatrain after it) keeps them."""
+    path = tmp_path / "model.pt"
+    script = EXPORT_IN_ITS_OWN_PROCESS.format(
+        tests=str(Path(__file__).parents[1]), one_command=one_command, path=str(path)
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    kept = str(not one_command)
+    assert result.stdout.split() == [kept, kept]
+    model, _ = exported
+    atoms = crystal()
+    expected = run_model(model, [structure_from_atoms(atoms)], stress=True)
+    atoms.calc = Calculator(str(path), device="cpu")
+    assert atoms.get_potential_energy() == pytest.approx(float(expected["energy"][0]), abs=1e-9)
+    np.testing.assert_allclose(atoms.get_forces(), expected["forces"].detach().numpy(), atol=1e-9)
 
 
 def test_no_stress_for_molecules(exported):

@@ -13,7 +13,7 @@ from ..distributed.env import detect_launch
 from ..distributed.faults import PeerFailure
 from ..errors import AtomtrainError
 from ..models import registry
-from ..runtime import keep_freed_memory
+from ..runtime import keep_freed_memory, this_process_runs_one_command
 from ..training.outputs import LOGGER_NAME, close_logging
 from ..training.phases import mark_command_start
 from . import convert as convert_command
@@ -105,6 +105,7 @@ def entry() -> None:
     handlers run (logging's flush among them) and the process ends without it. A failed
     command ends as usual: a rank that failed hosts the rendezvous store while it tears
     down, which is when its peers, blocked in a collective, learn why it stopped."""
+    this_process_runs_one_command()
     code = main()
     if code != 0:
         raise SystemExit(code)

@@ -27,7 +27,7 @@ import torch
 
 from ..errors import AtomtrainError
 from ..io import atomic_save_with_directory
-from ..runtime import unimported
+from ..runtime import runs_one_command, unimported
 from . import adapters, registry
 from .energy_model import EnergyModel, ensemble_name, uncertainty_name
 
@@ -42,10 +42,18 @@ EXTRA_KEYS = {HYPERS_FILE: "atomtrain-hypers", BASELINE_SPAN_FILE: "atomtrain-ba
 EXTENSIONS_DIRECTORY = "extensions"
 
 
-def metatomic_torch() -> types.ModuleType:
+# metatensor-torch's optional Python layers, which metatomic does not use
+METATENSOR_PYTHON_LAYERS = ("metatensor_operations", "metatensor_learn")
+
+
+def metatomic_torch(last_use: bool = False) -> types.ModuleType:
     """metatomic.torch, its TorchScript classes registered; imported without IPython,
-    which metatensor-torch imports only to serve a running one (runtime.unimported)."""
-    with unimported("IPython"):
+    which metatensor-torch imports only to serve a running one (runtime.unimported).
+    ``last_use``: nothing after this in the command imports metatrain (whose code calls
+    metatensor's operations); in a process that ends with its command, metatensor's
+    operations and learn layers are then left out (runtime.unimported)."""
+    lean = last_use and runs_one_command()
+    with unimported("IPython", *(METATENSOR_PYTHON_LAYERS if lean else ())):
         import metatomic.torch
 
     return metatomic.torch
@@ -53,7 +61,7 @@ def metatomic_torch() -> types.ModuleType:
 
 def atomistic_model(model: EnergyModel):
     """``model`` as a metatomic AtomisticModel, in eval mode on CPU."""
-    metatomic = metatomic_torch()
+    metatomic = metatomic_torch(last_use=True)  # an export ends the train and export commands
     from .metatomic_wrapper import MetatomicEnergy
 
     model = adapters.merged(model)  # engines get the plain architecture
