@@ -200,6 +200,9 @@ def test_a_stop_during_the_compilation_checkpoints_without_waiting_for_it(tmp_pa
     assert "training stopped by SIGTERM at epoch 1, step 1" in error
     assert waited < 60  # not the compilation's 120 s
     log = (run / "train.log").read_text()
-    assert "SIGTERM arrived during the training step's compilation, which was given up" in log
+    assert (
+        "SIGTERM arrived during the compiled training step or its compilation, which was given up"
+        in log
+    )
     state = torch.load(run / "last.ckpt", weights_only=True)
     assert (state["epoch"], state["step"]) == (0, 1)

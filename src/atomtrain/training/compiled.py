@@ -415,9 +415,12 @@ class CompiledPredictions:
                 # after its signal before it kills: this step goes on eagerly, and the
                 # run stops after it (a resumed run compiles again)
                 self.failed = "the run stops"
+                # the signal may also land in a compiled step that only runs (dynamo's
+                # recompilations cannot be told apart beforehand): the line says both
                 logger.info(
-                    f"{arrived.args[0]} arrived during the training step's compilation, "
-                    "which was given up: the step runs eagerly and the run stops after it"
+                    f"{arrived.args[0]} arrived during the compiled training step or its "
+                    "compilation, which was given up: the step runs eagerly and the run "
+                    "stops after it"
                 )
             except CompilationFailed as error:
                 self.fail(str(error), error)
