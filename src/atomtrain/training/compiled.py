@@ -226,9 +226,14 @@ def backward_decompositions() -> dict:
     softmax, attention, ...) into operators with derivatives: autograd differentiates
     the traced graph once more for the loss, and an operator without a derivative there
     would add nothing, silently (measured on PET: the force loss's gradients wrong)."""
-    from torch._decomp import core_aten_decompositions
+    from torch._decomp import core_aten_decompositions, get_decompositions
 
-    return core_aten_decompositions()
+    table = core_aten_decompositions()
+    # layer norm's forward too: its backward reads the mean and inverse deviation the
+    # forward returns, outputs autograd takes as constants; a decomposed forward makes
+    # them differentiable, else the loss's gradients miss their share (PET: 5e-3 off)
+    table.update(get_decompositions([torch.ops.aten.native_layer_norm]))
+    return table
 
 
 class TracedStep:
@@ -458,7 +463,8 @@ class CompiledPredictions:
         against the eager step's on the same batch: a compiler's or a library's fault
         shows here, not as a model that silently trains worse (before the backward
         decompositions, the force loss's gradients were 1e-2 off for MACE and 1.8
-        for PET; with them, PET's are still 1e-4 off in float64)."""
+        for PET; with them, PET's were still 5e-3 off in float64, until layer norm's
+        forward was decomposed too)."""
         assert found is not None
         expected = predict(self.model, batch, self.forces, self.stress, True)
         parameters = [p for p in self.model.parameters() if p.requires_grad]
