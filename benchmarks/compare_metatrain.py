@@ -1,7 +1,7 @@
 """atomtrain vs metatrain on the same work (SOAP-BPNN or PET), measured side by side.
 
     python benchmarks/compare_metatrain.py [--structures 200] [--epochs 4] [--threads 2]
-        [--architecture soap_bpnn|pet]
+        [--architecture soap_bpnn|pet] [--compile]
 
 Builds benchmarks/.venv-metatrain (metatrain[soap-bpnn]==2026.4.1, reusing this
 interpreter's torch so both run the same CPU build), then for each data set writes ONE
@@ -49,6 +49,16 @@ EPOCH_LINE = {
 
 
 def ensure_metatrain() -> Path:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:  # this interpreter has it already (the tests need it): its mtt
+        if installed("metatrain") == METATRAIN.split("==")[1]:
+            beside = Path(sys.executable).parent / "mtt"
+            if beside.exists():
+                return beside
+    except PackageNotFoundError:
+        pass
     mtt = VENV / "bin" / "mtt"
     if not mtt.exists():
         subprocess.run(
@@ -62,8 +72,6 @@ def ensure_metatrain() -> Path:
         )
         # metatrain installs sphericart into the venv, whose package then hides the
         # sphericart.torch of the system's site-packages: install that one beside it
-        from importlib.metadata import version as installed
-
         subprocess.run(
             [str(VENV / "bin" / "pip"), "install", "-q", "--force-reinstall", "--no-deps"]
             + [f"sphericart-torch=={installed('sphericart-torch')}"],
@@ -201,13 +209,17 @@ def exported_model(tool: str, directory: Path) -> Path:
     return directory / "model.pt"
 
 
-def train(tool: str, mtt: Path, options: Path, threads: int, n_train: int) -> dict:
+def train(
+    tool: str, mtt: Path, options: Path, threads: int, n_train: int, compile: bool = False
+) -> dict:
     directory = options.parent
     command = (
         [str(mtt), "train", options.name]
         if tool == "metatrain"
         else [sys.executable, "-m", "atomtrain", "train", options.name]
     )
+    if compile and tool == "atomtrain":  # the options file stays metatrain's
+        command += ["-r", "architecture.training.compile=true"]
     _, marks, rss = run_measured(command, directory, threads, EPOCH_LINE[tool])
     steady = (marks[-1] - marks[0]) / max(len(marks) - 1, 1)
     return {
@@ -280,6 +292,12 @@ def main() -> None:
         "of them (a 20-structure validation set moves by more than the tools differ "
         "from one seed to the next); speed is measured on seed 0",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="atomtrain compiles its training step (its first epoch, with the compilation, "
+        "is left out of the throughput as every first epoch is)",
+    )
     arguments = parser.parse_args()
     mtt = ensure_metatrain()
     rows = []
@@ -302,7 +320,7 @@ def main() -> None:
                     seed,
                     arguments.architecture,
                 )
-                measured = train(tool, mtt, options, arguments.threads, n_train)
+                measured = train(tool, mtt, options, arguments.threads, n_train, arguments.compile)
                 errors[tool].append(final_validation_errors(tool, directory))
                 if seed == 0:  # speed from the first seed only
                     results[tool] = measured
