@@ -4,6 +4,7 @@ improving (mace_run_train's and metatrain's MACE schedules, by their names)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -107,7 +108,9 @@ def apply_now(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
 
 
 def _undecorated(method: Callable[..., Any]) -> Callable[..., Any]:
-    return getattr(method, "__wrapped__", method)
+    # every layer: torch also wraps a class's step in its profiling hooks once an
+    # instance of it exists (Optimizer._patch_step_function)
+    return inspect.unwrap(method)
 
 
 def _eager(kind: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
