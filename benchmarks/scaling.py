@@ -2,7 +2,7 @@
 --nproc 2 x 1 thread, same data and global batch (so the same model).
 
     python benchmarks/scaling.py [--structures 300] [--epochs 4] [--batch-size 8] [--repeats 2]
-                                 [--max-atoms N]
+                                 [--max-atoms N] [--compile]
 
 A last row measures what the machine allows: two separate one-thread runs started
 together, each on its own core, each with half the global batch (a rank's share of a
@@ -76,7 +76,14 @@ def main() -> None:
         default=None,
         help="pack batches by atom count (max_atoms_per_batch) instead of --batch-size",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="every configuration compiles its training step (the first epoch, with the "
+        "compilation, is left out of the throughput as every first epoch is)",
+    )
     arguments = parser.parse_args()
+    compiled = ["-r", "architecture.training.compile=true"] if arguments.compile else []
     n_train = arguments.structures - validation_size(arguments.structures)
     packing = f", packed by atoms (at most {arguments.max_atoms})" if arguments.max_atoms else ""
     print(
@@ -102,7 +109,7 @@ def main() -> None:
                 if arguments.max_atoms:
                     limit = arguments.max_atoms // 2 if together else arguments.max_atoms
                     limit_atoms_per_batch(options, limit)
-            command = [sys.executable, "-m", "atomtrain", "train", options.name, *extra]
+            command = [sys.executable, "-m", "atomtrain", "train", options.name, *extra, *compiled]
             measure = rate_together if together else epoch_rate
             where = places if together else directory
             runs.append((label, partial(measure, command, where, threads, n_train)))
