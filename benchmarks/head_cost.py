@@ -8,8 +8,9 @@ the training step (energy and forces, forces by a graph through the positions, t
 loss's backward to the parameters) of a model with the energy alone, against the same
 model with a Cartesian vector per structure (``mtt::vector``, labels from the geometry).
 The two alternate, ``--rounds`` times ``--steps`` steps each, so that a machine's drift
-falls on both; prints each one's median time per step, the ratio, and the operator
-calls of one step (torch.profiler). A benchmark: it measures and prints.
+falls on both; prints each one's median time per step, the ratio, the median and
+quartiles of the rounds' own ratios, and the operator calls of one step
+(torch.profiler). A benchmark: it measures and prints.
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ def main() -> None:
                 step(model, batches[position], counts[position])
             times[name].append((time.perf_counter() - started) / arguments.steps * 1e3)
     alone, headed = (float(np.median(times[name])) for name in (False, True))
+    # each round's two cases ran back to back: their ratio cancels a drift of the
+    # machine's speed that the medians over all rounds keep (another job starting)
+    ratios = np.array(times[True]) / np.array(times[False])
+    low, middle, high = np.percentile(100 * (ratios - 1), [25, 50, 75])
     calls = {name: operator_calls(model, b[0], c[0]) for name, (model, b, c) in cases.items()}
     print(
         f"{arguments.architecture}, ethanol, batch 8, float32, {arguments.threads} thread(s), "
@@ -117,7 +122,10 @@ def main() -> None:
     )
     print(f"energy and forces: {alone:.2f} ms per step, {calls[False]} operator calls")
     print(f"+ a vector per structure: {headed:.2f} ms per step, {calls[True]} operator calls")
-    print(f"the head costs {100 * (headed / alone - 1):+.1f} %")
+    print(f"the head costs {100 * (headed / alone - 1):+.1f} % (ratio of the medians)")
+    print(
+        f"per round, back to back: median {middle:+.1f} %, quartiles {low:+.1f} % to {high:+.1f} %"
+    )
 
 
 if __name__ == "__main__":
