@@ -1,4 +1,7 @@
-"""Process-wide settings that keep every training step as fast as the last."""
+"""Process-wide settings that keep every training step as fast as the last.
+
+The command line's entry imports this module before it parses its arguments, so torch
+is imported where a thread count is read or set: ``atomtrain --help`` needs no torch."""
 
 from __future__ import annotations
 
@@ -12,8 +15,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 # mallopt parameters, from glibc's malloc.h
 M_TRIM_THRESHOLD = -1
@@ -140,6 +141,8 @@ class BusyCores:
 
     @classmethod
     def for_this_process(cls) -> BusyCores:
+        import torch
+
         cores = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
         return cls(cores, torch.get_num_threads(), "OMP_NUM_THREADS" in os.environ)
 
@@ -187,6 +190,8 @@ class BusyCores:
         if wanted == self.threads:
             return None
         self.threads = wanted
+        import torch
+
         torch.set_num_threads(wanted)
         if wanted < self.full_threads:
             return ThreadDecision(wanted, self.busy_note(others, fixed=False))

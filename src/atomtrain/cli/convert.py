@@ -27,47 +27,6 @@ from ..options import DatasetOptions
 from ..training.datasets import target_keys
 from .eval import dataset_options
 
-
-def add_parser(commands) -> None:
-    parser = commands.add_parser(
-        "convert",
-        help="convert data files into a memory-mapped data directory",
-        description="Stream data files (extended XYZ or any format ASE reads, a directory "
-        "in metatrain's layout written by another tool, or a YAML data section with keys "
-        "and units, as eval takes) into a directory in metatrain's memory-mapped layout, "
-        "which 'read_from: DIR' then trains on. Values are stored in angstrom and eV. Every "
-        "frame is checked on the way in, once: training on the result skips those checks.",
-    )
-    parser.add_argument(
-        "data", type=Path, nargs="+", help="data files, directories or YAML data sections"
-    )
-    parser.add_argument("-o", "--output", type=Path, required=True, help="directory to create")
-    parser.add_argument(
-        "--float64",
-        action="store_true",
-        help="also store float64 copies of positions, cells and targets (float64 training "
-        "on the directory is then exact; metatrain reads the float32 arrays)",
-    )
-    parser.add_argument(
-        "--cutoff",
-        type=float,
-        nargs="+",
-        default=[],
-        metavar="R",
-        help="also store each structure's neighbor pairs within R angstrom (the model's "
-        "cutoff): training on several processes then deals batches by pairs without a "
-        "neighbor search per structure at its start",
-    )
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="processes converting the frames, which they take in contiguous units "
-        "(default 1); the directory is byte-identical whatever the number",
-    )
-    parser.set_defaults(run=run)
-
-
 # files of a converted directory that an mtt:: target's <key>.bin must not overwrite
 RESERVED_KEYS = {"x", "a", "c", "energy", "forces", "stress", "ns", "na"}
 

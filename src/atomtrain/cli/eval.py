@@ -35,37 +35,6 @@ from .export import check_output_path
 logger = logging.getLogger(LOGGER_NAME)
 
 
-def add_parser(commands) -> None:
-    parser = commands.add_parser(
-        "eval",
-        help="evaluate a model on a data set",
-        description="Predict energies, forces and stress of an exported model (or of the "
-        "best model of a checkpoint) on DATA (an extended XYZ file or another format ASE "
-        "reads, or a YAML file with systems and targets as in metatrain's eval), "
-        "print RMSE and MAE where the data has reference values, and write the predictions "
-        "as extended XYZ with a parity plot beside them.",
-    )
-    parser.add_argument(
-        "model", type=Path, help="exported model (model.pt) or checkpoint (best model of a .ckpt)"
-    )
-    parser.add_argument("data", type=Path, help="data file or YAML data description")
-    parser.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        default=Path("predictions.xyz"),
-        help="predictions file (default: predictions.xyz); the parity plot goes next to it as .png",
-    )
-    parser.add_argument(
-        "-b",
-        "--batch-size",
-        type=int,
-        default=16,
-        help="structures per evaluation batch (default: 16)",
-    )
-    parser.set_defaults(run=run)
-
-
 def dataset_options(path: Path) -> list[DatasetOptions]:
     if path.suffix.lower() not in (".yaml", ".yml"):
         return [DatasetOptions.model_validate({"systems": str(path)})]

@@ -2,44 +2,26 @@
 
 from __future__ import annotations
 
-import argparse
 import atexit
+import importlib
 import logging
 import os
 import sys
 
-from .. import __version__
-from ..distributed.env import detect_launch
-from ..distributed.faults import PeerFailure
 from ..errors import AtomtrainError
-from ..models import registry
 from ..runtime import keep_freed_memory, this_process_runs_one_command
 from ..training.outputs import LOGGER_NAME, close_logging
 from ..training.phases import mark_command_start
-from . import convert as convert_command
-from . import eval as eval_command
-from . import export as export_command
-from . import train as train_command
+from .arguments import parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 
 
-def parser() -> argparse.ArgumentParser:
-    main_parser = argparse.ArgumentParser(
-        prog="atomtrain",
-        description="Train machine-learning interatomic potentials (architectures: "
-        f"{', '.join(registry.known())}) on one CPU, one GPU, several GPUs or many nodes.",
-    )
-    main_parser.add_argument("--version", action="version", version=f"atomtrain {__version__}")
-    commands = main_parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (train_command, eval_command, export_command, convert_command):
-        module.add_parser(commands)
-    return main_parser
-
-
 def _rank() -> int:
     """This process's rank, for deciding who prints an error all ranks share."""
+    from ..distributed.env import detect_launch
+
     try:
         return detect_launch(os.environ).rank
     except AtomtrainError:
@@ -59,13 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.raiseExceptions = False
     logger = logging.getLogger(LOGGER_NAME)
     try:
-        return int(arguments.run(arguments) or 0)
+        command = importlib.import_module(f"{__package__}.{arguments.command}")
+        return int(command.run(arguments) or 0)
     except AtomtrainError as error:
         logger.debug("error details", exc_info=True)
         # an error every rank reached together is printed once, by rank 0
         if not getattr(error, "collective", False) or _rank() == 0:
             print(f"atomtrain: {error}", file=sys.stderr)
         code = error.exit_code
+        from ..distributed.faults import PeerFailure  # imported by a run that meets one
+
         if isinstance(error, PeerFailure) and argv is None:
             # a lost peer can leave threads blocked on dead sockets: do not wait for them
             sys.stdout.flush()

@@ -32,60 +32,6 @@ from .export import check_output_path
 logger = logging.getLogger(LOGGER_NAME)
 
 
-def add_parser(commands) -> None:
-    parser = commands.add_parser(
-        "train",
-        help="train a model from an options file",
-        description="Train a model from a YAML options file. Outputs go to "
-        "outputs/YYYY-MM-DD/HH-MM-SS/ (log, CSV, checkpoints, exported model.pt).",
-    )
-    parser.add_argument("options", type=Path, help="YAML options file")
-    parser.add_argument(
-        "-o", "--output", type=Path, default=None, help="also write the exported model here"
-    )
-    parser.add_argument(
-        "-r",
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override an option, e.g. -r architecture.training.num_epochs=5",
-    )
-    parser.add_argument(
-        "--restart",
-        default=None,
-        metavar="auto|CHECKPOINT",
-        help="continue a run: 'auto' takes the newest run under outputs/, or "
-        "give a checkpoint; the run continues in the checkpoint's directory",
-    )
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        help="start this many worker processes on this machine",
-    )
-    parser.add_argument(
-        "--outputs",
-        type=Path,
-        default=Path("outputs"),
-        help="directory holding the runs (default: outputs)",
-    )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="read the options and every data file, say what the run would do (data, "
-        "model, steps, processes) and exit without training: a check before queueing a job",
-    )
-    parser.add_argument(
-        "--run-dir",
-        type=Path,
-        default=None,
-        help="put this run in RUN_DIR instead of outputs/DATE/TIME; with --restart auto, "
-        "or after a torchrun restart, it resumes from RUN_DIR's newest complete checkpoint",
-    )
-    parser.set_defaults(run=run)
-
-
 def decide_on_rank_0(context, decide):
     """Run ``decide`` on rank 0 and give every rank its result, or its error."""
     outcome: tuple[str, object] = ("ok", None)
