@@ -29,7 +29,6 @@ def _rank() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    mark_command_start()
     arguments = parser().parse_args(argv)
     if arguments.command is None:
         parser().print_help()
@@ -42,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     logger = logging.getLogger(LOGGER_NAME)
     try:
         command = importlib.import_module(f"{__package__}.{arguments.command}")
+        mark_command_start()  # what came before, the command's imports too, is the start
         return int(command.run(arguments) or 0)
     except AtomtrainError as error:
         logger.debug("error details", exc_info=True)
