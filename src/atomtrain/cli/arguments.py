@@ -1,6 +1,7 @@
 """The command line's arguments, apart from the commands that act on them: ``--help``
 and ``--version`` answer without importing torch (3.3 s of a command's start here), and
-each command's module is imported when that command runs (cli/main.py)."""
+each command's module, cli/<command>.py with its ``run``, is imported when that command
+runs (cli/main.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from pathlib import Path
 
 from .. import __version__
 from ..models import registry
-
-COMMANDS = ("train", "eval", "export", "convert")
 
 
 def parser() -> argparse.ArgumentParser:
