@@ -45,7 +45,12 @@ from atomtrain.models import registry
 from atomtrain.models.export import load_exported
 from atomtrain.targets import Irrep, TargetSpec
 from atomtrain.training.checkpoint import best_model, load_checkpoint
-from atomtrain.training.compiled import CompilationFailed, CompiledPredictions
+from atomtrain.training.compiled import (
+    CompilationFailed,
+    CompiledPredictions,
+    DynamicStep,
+    SizeHeldConstant,
+)
 from atomtrain.training.evaluation import predict
 from atomtrain.training.llpr import atomic_last_layer, edge_inputs
 
@@ -242,6 +247,29 @@ def test_the_compiled_step_gives_the_eager_predictions_and_gradients(name):
             assert float((traced - eager).abs().max()) <= 1e-10 * scale
     assert compiled.failed is None and compiled.eager_batches == 0
     assert compiled.compilations >= 1
+    # one graph for every batch, unless the architecture says its graph holds a size
+    per_shape = registry.architecture(name).graph_holds_batch_sizes
+    assert (compiled.shaped is not None, compiled.dynamic is not None) == (per_shape, not per_shape)
+
+
+HOLDING_SIZES = [
+    name for name in ARCHITECTURES if registry.architecture(name).graph_holds_batch_sizes
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", HOLDING_SIZES)
+def test_an_architecture_said_to_hold_batch_sizes_does(name):
+    """The flag spares each compiled run of the architecture the two symbolic traces
+    that show it (20 s of MACE's start); a graph that took every size (another version
+    of its library) would be compiled per shape for nothing. Traced twice, on batches of
+    other sizes, its graphs differ."""
+    atoms = [molecule(), crystal()]
+    types = sorted({int(z) for each in atoms for z in each.numbers})
+    model = new_model(name, types, **ONE_LAYER.get(name, {}))
+    batch = collate([structure_from_atoms(each) for each in atoms], model.cutoff)
+    with pytest.raises(SizeHeldConstant):
+        DynamicStep(model, batch.to("cpu", torch.float64), True, True, without_code_generation)
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

@@ -124,6 +124,10 @@ class Architecture:
     """``compile: auto`` compiles the training step of runs of at least this many
     steps on CPU: where the time a compiled step saves (benchmarks/compiled_step.py,
     docs/performance.md) repays a cold compilation. None: no gain measured, never."""
+    graph_holds_batch_sizes: bool = False
+    """Its traced training step holds a size of its batch as a constant (MACE's e3nn
+    code): the step is compiled per batch shape from the start, without the two
+    symbolic traces that would show it (20 s of each compiled MACE run's start here)."""
     augments_rotations: bool = False
     """Its models are not rotationally invariant by construction (PET): the trainer
     gives each training structure a random rotation or improper rotation every epoch, as

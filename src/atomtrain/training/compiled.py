@@ -445,6 +445,8 @@ class CompiledPredictions:
         if self.dynamic is None:
             started = time.perf_counter()
             try:
+                if registry.architecture_of(self.model.hypers).graph_holds_batch_sizes:
+                    raise SizeHeldConstant("the architecture's graph holds a size of its batch")
                 self.dynamic = DynamicStep(
                     self.model, batch, self.forces, self.stress, self.backend
                 )

@@ -140,6 +140,7 @@ ARCHITECTURE = Architecture(
     # its compiled step took 0.70x the eager one's time, 8.6 ms less (ethanol, batch 8,
     # float32), and compiling takes 46-76 s (docs/performance-notes.md)
     compile_pays_after=8000,
+    graph_holds_batch_sizes=True,  # its products hold the number of pairs
     inject_adapters=inject_adapters,
     merge_adapters=merge_adapters,
     # metatrain's experimental.mace defaults, which are mace_run_train's (but its
