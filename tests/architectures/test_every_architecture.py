@@ -197,6 +197,14 @@ def test_forces_and_stress_equal_finite_differences(name, make):
 ONE_LAYER = {"mace": {"num_interactions": 1}, "pet": {"num_gnn_layers": 1}}
 
 
+def molecule_and_crystal(name: str) -> tuple[list[ase.Atoms], torch.nn.Module]:
+    """A molecule and a strained crystal, and a one-layer model of their elements: what
+    the compiled step is checked on."""
+    atoms = [molecule(), crystal()]
+    types = sorted({int(z) for each in atoms for z in each.numbers})
+    return atoms, new_model(name, types, **ONE_LAYER.get(name, {}))
+
+
 def without_code_generation(graph, example_inputs):
     """AOT autograd on the traced graph, without inductor's C++: inductor takes a
     minute (SOAP-BPNN, cold cache, beside another job) to minutes (MACE, PET) on two
@@ -218,9 +226,7 @@ def without_code_generation(graph, example_inputs):
 def test_the_compiled_step_gives_the_eager_predictions_and_gradients(name):
     """float64: two batches of molecules and strained crystals (stress). A graph that
     would disagree is refused, and the step is eager."""
-    atoms = [molecule(), crystal()]
-    types = sorted({int(z) for each in atoms for z in each.numbers})
-    model = new_model(name, types, **ONE_LAYER.get(name, {}))
+    atoms, model = molecule_and_crystal(name)
     compiled = CompiledPredictions(
         model, True, True, required=False, compiler=without_code_generation
     )
@@ -264,9 +270,7 @@ def test_an_architecture_said_to_hold_batch_sizes_does(name):
     that show it (20 s of MACE's start); a graph that took every size (another version
     of its library) would be compiled per shape for nothing. Traced twice, on batches of
     other sizes, its graphs differ."""
-    atoms = [molecule(), crystal()]
-    types = sorted({int(z) for each in atoms for z in each.numbers})
-    model = new_model(name, types, **ONE_LAYER.get(name, {}))
+    atoms, model = molecule_and_crystal(name)
     batch = collate([structure_from_atoms(each) for each in atoms], model.cutoff)
     with pytest.raises(SizeHeldConstant):
         DynamicStep(model, batch.to("cpu", torch.float64), True, True, without_code_generation)
