@@ -19,6 +19,20 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist with ``--dist loadgroup`` (README's command), each test file
+    runs whole on one worker, so that its module fixtures (trained runs, most of a
+    file's time) are made once, not once per worker; the tests that run SLURM jobs
+    (mark ``slurm``) share one worker, since each job takes both CPUs of the cluster
+    that .ci/setup_slurm.sh starts, and a second would wait for the first."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def resources() -> Path:
     return RESOURCES

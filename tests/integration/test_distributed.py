@@ -243,6 +243,7 @@ def test_torchrun_equals_single_process(reference, workdir):
 @pytest.mark.skipif(
     not slurm_available(), reason="no running SLURM (bash .ci/setup_slurm.sh starts one; CI does)"
 )
+@pytest.mark.slurm
 def test_srun_equals_single_process(reference, workdir):
     run, _ = launch(
         [

@@ -498,6 +498,7 @@ def test_torchrun_job_preempted_checkpoints_and_resumes(tmp_path, reference):
     not slurm_available(), reason="no running SLURM (bash .ci/setup_slurm.sh starts one; CI does)"
 )
 @pytest.mark.slow
+@pytest.mark.slurm
 def test_scancel_of_an_srun_job_checkpoints_and_resumes(tmp_path, reference):
     """A real SLURM: scancel of a two-task srun job (SIGTERM to every task). The tasks
     stop at one step, rank 0 writes the checkpoint and says so once, srun exits 75;

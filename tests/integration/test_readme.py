@@ -43,3 +43,14 @@ def test_python_example_runs_after_the_quick_start(tmp_path):
     assert result.returncode == 0, result.stderr
     energy = float(result.stdout.split()[0])
     assert -5000 < energy < -3000  # ethanol's energy in eV, from the model
+
+
+def test_ci_runs_readmes_test_command():
+    """CI's script ends with the test command README gives, so that the suite a reader
+    runs (two workers, each test file whole on one) is the one CI times."""
+    blocks = re.findall(r"```bash\n(.*?)\n```", README, re.S)
+    install_and_test = blocks[1]
+    command = install_and_test.split("&&")[-1].strip()
+    assert command.startswith("python3 -m pytest")
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == command
