@@ -10,6 +10,7 @@ import json
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,11 +68,27 @@ def wandb_records(path: Path) -> list:
     return records
 
 
+def finished_records(path: Path, limit_s: float = 60.0) -> list:
+    """The records of a run file once its exit record is there: ``run.finish()``
+    returns before W&B's service has written the file out (a run in this process, on a
+    busy machine, was read without its run and history records)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            records = wandb_records(path)
+        except Exception:  # a record written in part
+            records = []
+        if any(record.WhichOneof("record_type") == "exit" for record in records):
+            return records
+        assert time.monotonic() < deadline, f"{path} has no exit record after {limit_s} s"
+        time.sleep(0.2)
+
+
 def wandb_history(run_directory: Path) -> tuple[set[str], dict[int, dict]]:
     """(the run ids of the offline runs, their logged rows by epoch)."""
     ids, rows = set(), {}
     for run_file in sorted(run_directory.glob("wandb/offline-run-*/run-*.wandb")):
-        for record in wandb_records(run_file):
+        for record in finished_records(run_file):
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 ids.add(record.run.run_id)
