@@ -14,6 +14,8 @@ CPU time (user and system, all threads), its wall time, the test that started it
 the difference to pytest's total CPU time is theirs.
 
 Prints the CPU time by kind of process and the tests whose processes took the most.
+Run it without ``-n``: pytest-xdist's workers start as ``python -c`` and would be
+counted with the engines.
 Measures and prints; asserts nothing.
 """
 
