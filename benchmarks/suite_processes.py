@@ -57,8 +57,8 @@ os._exit = _logged_exit
 
 
 def kind_of(command: str) -> str:
-    program = command.split(" ")[0]
     words = command.split(" ")
+    program = words[0]
     if program.endswith("pytest/__main__.py") or program.endswith("pytest"):
         return "pytest (and its forks)"
     if program.endswith("atomtrain/__main__.py") or program.endswith("bin/atomtrain"):
