@@ -19,12 +19,23 @@ import time
 import ase.io
 import numpy as np
 import torch
-import torch_sim
 from ase_md import md_arguments, report
 from metatomic_ase import MetatomicCalculator
-from metatomic_torchsim import MetatomicModel
-from torch_sim.integrators import nve_init, nve_step, nvt_langevin_init, nvt_langevin_step
-from torch_sim.units import MetalUnits
+
+try:
+    import torch_sim
+    from metatomic_torchsim import MetatomicModel
+    from torch_sim.integrators import nve_init, nve_step, nvt_langevin_init, nvt_langevin_step
+    from torch_sim.units import MetalUnits
+except ImportError as error:
+    # one line, as for the examples' other missing inputs, not a traceback
+    print(
+        f"{error.name} is not installed: this example needs TorchSim and metatomic-torchsim "
+        "(pip install torch-sim-atomistic metatomic-torchsim; TorchSim 0.5 and later need "
+        "Python 3.12)",
+        file=sys.stderr,
+    )
+    sys.exit(2)
 
 
 def check_against_ase(model: MetatomicModel, atoms: ase.Atoms, arguments) -> None:

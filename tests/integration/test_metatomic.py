@@ -4,6 +4,7 @@ UNIX socket, and ASE molecular dynamics from examples/md."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -332,6 +333,21 @@ def test_md_examples_refuse_missing_files_in_one_line(ethanol, tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     (line,) = result.stderr.strip().splitlines()
     assert f"{missing}: output directory not found" in line
+
+
+def test_the_torchsim_example_without_torchsim_is_one_line():
+    """Where TorchSim is not installed (it needs Python 3.12 from version 0.5), its
+    example says what to install in one line, exit code 2, not a traceback."""
+    if importlib.util.find_spec("torch_sim") and importlib.util.find_spec("metatomic_torchsim"):
+        pytest.skip("TorchSim and metatomic-torchsim are installed here")
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "md" / "torchsim_md.py"), "model.pt"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert "is not installed" in line and "pip install torch-sim-atomistic" in line
 
 
 @pytest.mark.parametrize("case", ["ethanol", "mace", "pet"])
