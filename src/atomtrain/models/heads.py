@@ -203,11 +203,15 @@ class TargetHead(torch.nn.Module):
                 continue
             mixtures = c.reshape(n_atoms, size // (k * s), k, s)  # [atoms, mixtures, K, s]
             if o3_lambda == 1:
-                if o3_sigma == 1:  # [atoms, 3, K] @ [atoms, K, s]
-                    vector = torch.bmm(vectors.transpose(1, 2), mixtures[:, 0])
+                if o3_sigma == 1:  # sum_k c_k v_k (a product and a sum: a batched
+                    # matrix product of [3, K] @ [K, s] per atom costs more at these sizes)
+                    vector = (vectors.unsqueeze(3) * mixtures[:, 0].unsqueeze(2)).sum(1)
                 else:
                     u = torch.einsum("amks,akx->amxs", mixtures, vectors)  # [atoms, m, 3, s]
                     vector = torch.cross(u[:, 0], u[:, 1], dim=1)
+                if self.kind == "cartesian" and self.rank == 1:  # x, y, z as made
+                    made.append(vector * self.scale.to(vector.dtype))
+                    continue
                 block = torch.roll(vector, -1, 1)  # y, z, x: metatensor's o3_mu -1, 0, 1
             else:
                 if o3_sigma == 1:
@@ -219,7 +223,7 @@ class TargetHead(torch.nn.Module):
                     matrix = symmetric_traceless(outer.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
                 block = spherical_from_matrix(matrix.permute(0, 3, 1, 2)).permute(0, 2, 1)
             made.append(block * self.scale.to(block.dtype))
-        return self.layout(made).reshape(n_atoms, self.width)
+        return self.layout(made, True).reshape(n_atoms, self.width)
 
     def coefficients(self, features: torch.Tensor, element_index: torch.Tensor) -> torch.Tensor:
         """The network's invariant outputs for each atom."""
@@ -298,12 +302,14 @@ class TargetHead(torch.nn.Module):
         raw = self.coefficients(features, element_index)[:, 0].to(torch.float64)
         return raw * self.scale + self.baseline[:, 0].index_select(0, element_index)
 
-    def layout(self, made: list[torch.Tensor]) -> torch.Tensor:
-        """The blocks as the file lays the target out: [atoms, *components, s]."""
+    def layout(self, made: list[torch.Tensor], vector_in_xyz: bool = False) -> torch.Tensor:
+        """The blocks as the file lays the target out: [atoms, *components, s].
+        ``vector_in_xyz``: a Cartesian vector's block is already x, y, z (forward makes
+        it so), not metatensor's y, z, x."""
         if self.kind == "spherical" or self.kind == "scalar":
             return torch.cat(made, dim=1)
         if self.rank == 1:  # back from y, z, x to x, y, z
-            return torch.roll(made[0], 1, 1)
+            return made[0] if vector_in_xyz else torch.roll(made[0], 1, 1)
         trace, axial, traceless = made[0], made[1], made[2]  # [atoms, 1 | 3 | 5, s]
         xyz = torch.roll(axial, 1, 1)
         antisymmetric = antisymmetric_from(xyz.transpose(1, 2))  # [atoms, s, 3, 3]
