@@ -19,7 +19,7 @@ import time
 import ase.io
 import numpy as np
 import torch
-from ase_md import md_arguments, report
+from ase_md import md_arguments, report, torch_settings
 from metatomic_ase import MetatomicCalculator
 
 try:
@@ -67,7 +67,7 @@ def check_against_ase(model: MetatomicModel, atoms: ase.Atoms, arguments) -> Non
 
 def main() -> None:
     arguments = md_arguments(__doc__.split("\n\n")[0])
-    torch.set_num_threads(arguments.threads)
+    torch_settings(arguments.threads)
     atoms = ase.io.read(arguments.structure, index=0)
     # metatomic wants no cell vector along a direction that is not periodic (the bundled
     # molecules carry a box); metatomic-ase drops them itself, TorchSim does not

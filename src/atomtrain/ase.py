@@ -18,7 +18,13 @@ from .models.composition import (
     outside_span,
     undetermined_note,
 )
-from .models.export import BASELINE_SPAN_FILE, HYPERS_FILE, learnt_targets, load_exported
+from .models.export import (
+    BASELINE_SPAN_FILE,
+    HYPERS_FILE,
+    learnt_targets,
+    load_exported,
+    unspecialized_on_cpu,
+)
 from .targets import TargetSpec
 
 
@@ -89,24 +95,25 @@ class Calculator(AseCalculator):
         def tensor(value, dtype=None):
             return torch.as_tensor(value, dtype=dtype or self.dtype, device=self.device)
 
-        outputs = self.model(
-            positions=tensor(atoms.positions),
-            cell=tensor(atoms.cell.array).reshape(1, 3, 3),
-            atomic_numbers=tensor(atoms.numbers, torch.long),
-            system_index=torch.zeros(len(atoms), dtype=torch.long, device=self.device),
-            pair_first=first.to(self.device),
-            pair_second=second.to(self.device),
-            cell_shifts=tensor(shifts),
-            periodic=tensor([bool(pbc.any())], torch.bool),
-            compute_forces=self.learns_energy,
-            compute_stress=compute_stress,
-            create_graph=False,
-            **(
-                {"energy_variant": torch.tensor([self.energy_variant], device=self.device)}
-                if self.energy_variant
-                else {}
-            ),
-        )
+        with unspecialized_on_cpu(self.device):
+            outputs = self.model(
+                positions=tensor(atoms.positions),
+                cell=tensor(atoms.cell.array).reshape(1, 3, 3),
+                atomic_numbers=tensor(atoms.numbers, torch.long),
+                system_index=torch.zeros(len(atoms), dtype=torch.long, device=self.device),
+                pair_first=first.to(self.device),
+                pair_second=second.to(self.device),
+                cell_shifts=tensor(shifts),
+                periodic=tensor([bool(pbc.any())], torch.bool),
+                compute_forces=self.learns_energy,
+                compute_stress=compute_stress,
+                create_graph=False,
+                **(
+                    {"energy_variant": torch.tensor([self.energy_variant], device=self.device)}
+                    if self.energy_variant
+                    else {}
+                ),
+            )
         for name, per_atom in self.targets:
             values = outputs[name].detach().cpu().numpy().astype(np.float64)
             shape = self.target_shapes[name]

@@ -106,6 +106,9 @@ ENGINE_SIDE = textwrap.dedent(
     from metatomic.torch import ModelOutput
     from metatomic_ase import MetatomicCalculator
 
+    # what docs/engines.md advises on a CPU (no shape specializations: seconds of warm-up
+    # for MACE and PET); i-PI's driver in the i-PI test runs with torch's default
+    torch.jit.set_fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])
     request = json.loads(sys.argv[1])
     calculator = MetatomicCalculator(request["model"], extensions_directory=request["extensions"])
     results = []

@@ -89,6 +89,36 @@ def test_the_export_ending_a_command_leaves_metatensors_operations_out(
     assert_calculator_reproduces(model, path)
 
 
+def test_the_calculator_runs_unspecialized_on_a_cpu_and_restores_the_strategy(
+    exported, monkeypatch
+):
+    """On a CPU the model runs with no shape specializations (TorchScript's fusion
+    strategy empty: seconds of MACE's and PET's first steps, docs/engines.md), and the
+    process's own strategy is back after each call."""
+    _, path = exported
+    mine = [("STATIC", 1), ("DYNAMIC", 3)]
+    previous = torch.jit.set_fusion_strategy(mine)
+    try:
+        seen = []
+        calculator = Calculator(str(path))
+        model = calculator.model
+
+        def watching(**inputs):  # the model, noting the strategy it runs under
+            current = torch.jit.set_fusion_strategy(mine)
+            torch.jit.set_fusion_strategy(current)
+            seen.append(current)
+            return model(**inputs)
+
+        monkeypatch.setattr(calculator, "model", watching)
+        atoms = crystal()
+        atoms.calc = calculator
+        atoms.get_potential_energy()
+        assert seen == [[("STATIC", 0), ("DYNAMIC", 0)]]
+        assert torch.jit.set_fusion_strategy(mine) == mine
+    finally:
+        torch.jit.set_fusion_strategy(previous)
+
+
 def test_no_stress_for_molecules(exported):
     _, path = exported
     atoms = ase.Atoms("SiO", positions=[[0, 0, 0], [1.6, 0, 0]])

@@ -211,6 +211,25 @@ def deepest_folder_holding(path: str, folders: list[str]) -> str | None:
     return max(holding, key=len, default=None)
 
 
+@contextlib.contextmanager
+def unspecialized_on_cpu(device: torch.device) -> Iterator[None]:
+    """TorchScript's profiling executor specializes a model's graph to the shapes of its
+    first calls (twice, then up to ten times) in order to fuse operators; on a CPU it
+    fuses none (torch's CPU fuser is off by default), so the specializations only cost
+    time: an exported model's first three calls on ethanol took 9-10 s (MACE), 5.7 s
+    (PET) and 0.6 s (SOAP-BPNN) with them and 2.2, 2.1 and 0.17 s without, at the same
+    speed after (docs/engines.md). The strategy is the process's: it is set for the call
+    and restored."""
+    if device.type != "cpu":
+        yield
+        return
+    previous = torch.jit.set_fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])
+    try:
+        yield
+    finally:
+        torch.jit.set_fusion_strategy(previous)
+
+
 def load_exported(
     path: str | Path, device: str | torch.device = "cpu", extra: dict[str, str] | None = None
 ) -> torch.jit.ScriptModule:
