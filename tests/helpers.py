@@ -50,6 +50,16 @@ TINY_PET = {
 }
 
 
+# The first lines of the tests' engine scripts (processes without atomtrain that run an
+# exported model through metatomic): what docs/engines.md advises on a CPU, no shape
+# specializations (seconds of MACE's and PET's first calls). i-PI's driver, in the i-PI
+# test, runs with torch's default.
+ENGINE_SETTINGS = """
+import torch
+torch.jit.set_fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])
+"""
+
+
 def small_model(atomic_types, dtype=torch.float64, seed=0) -> SoapBpnn:
     torch.manual_seed(seed)
     model = SoapBpnn(atomic_types, ModelOptions.model_validate(SMALL_MODEL)).set_precision(dtype)

@@ -56,6 +56,7 @@ from atomtrain.training.llpr import atomic_last_layer, edge_inputs
 
 from conftest import RESOURCES
 from helpers import (
+    ENGINE_SETTINGS,
     SMALL_MODEL,
     TINY_MACE,
     TINY_PET,
@@ -481,7 +482,9 @@ def trained_runs(tmp_path_factory):
     return run_of
 
 
-ENGINE = """
+ENGINE = (
+    ENGINE_SETTINGS
+    + """
 import json, sys
 import ase.io
 from metatomic_ase import MetatomicCalculator
@@ -490,6 +493,7 @@ atoms.calc = MetatomicCalculator(sys.argv[1], extensions_directory=sys.argv[3])
 energy = atoms.get_potential_energy()
 print(json.dumps({"energy": energy, "atomtrain": "atomtrain" in sys.modules}))
 """
+)
 
 
 @pytest.mark.slow

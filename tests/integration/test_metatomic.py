@@ -23,7 +23,14 @@ from atomtrain.cli.main import main
 from atomtrain.training.checkpoint import best_model
 
 from conftest import RESOURCES
-from helpers import TINY_PET, run_directories, run_model, structure_from_atoms, write_options
+from helpers import (
+    ENGINE_SETTINGS,
+    TINY_PET,
+    run_directories,
+    run_model,
+    structure_from_atoms,
+    write_options,
+)
 from test_mace import TINY_MACE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -96,7 +103,7 @@ def silicon_cell() -> ase.Atoms:
 
 # runs in a fresh interpreter: metatomic only; atomtrain, sphericart.torch, mace-torch and
 # metatrain never imported
-ENGINE_SIDE = textwrap.dedent(
+ENGINE_SIDE = ENGINE_SETTINGS + textwrap.dedent(
     """
     import json, sys
     import ase.io
@@ -106,9 +113,6 @@ ENGINE_SIDE = textwrap.dedent(
     from metatomic.torch import ModelOutput
     from metatomic_ase import MetatomicCalculator
 
-    # what docs/engines.md advises on a CPU (no shape specializations: seconds of warm-up
-    # for MACE and PET); i-PI's driver in the i-PI test runs with torch's default
-    torch.jit.set_fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])
     request = json.loads(sys.argv[1])
     calculator = MetatomicCalculator(request["model"], extensions_directory=request["extensions"])
     results = []

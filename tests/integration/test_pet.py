@@ -21,7 +21,7 @@ from atomtrain.models import metatrain_checkpoint
 from atomtrain.training.checkpoint import best_model, load_checkpoint
 
 from conftest import RESOURCES
-from helpers import TINY_PET, run_directories, run_model, structure_from_atoms
+from helpers import ENGINE_SETTINGS, TINY_PET, run_directories, run_model, structure_from_atoms
 
 ETHANOL = RESOURCES / "ethanol_40.xyz"
 MTT = [sys.executable, "-m", "metatrain"]
@@ -55,7 +55,9 @@ def mtt_pet(tmp_path_factory):
     return directory / "model.ckpt", directory / "model.pt"
 
 
-METATOMIC_PREDICTIONS = """
+METATOMIC_PREDICTIONS = (
+    ENGINE_SETTINGS
+    + """
 import json, sys
 import ase.io
 from metatomic_ase import MetatomicCalculator
@@ -66,6 +68,7 @@ for atoms in ase.io.read(sys.argv[2], ":5"):
     found.append({"energy": atoms.get_potential_energy(), "forces": atoms.get_forces().tolist()})
 print(json.dumps({"found": found, "atomtrain": "atomtrain" in sys.modules}))
 """
+)
 
 
 @pytest.mark.slow

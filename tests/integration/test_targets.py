@@ -25,7 +25,7 @@ from atomtrain.training.evaluation import predict
 from atomtrain.training.llpr import predicted_uncertainties
 
 from conftest import RESOURCES
-from helpers import TINY_PET, environment, run_directories, write_options
+from helpers import ENGINE_SETTINGS, TINY_PET, environment, run_directories, write_options
 from test_faults import final_state, options_in, stop_then_resume_with_two, train_command
 
 PYTHON = sys.executable
@@ -100,7 +100,9 @@ def polarisability_run(tmp_path_factory, request):
     return directory, train_and_export(directory, options)
 
 
-EXPORTED = """
+EXPORTED = (
+    ENGINE_SETTINGS
+    + """
 import json, sys
 import ase.io
 from metatomic.torch import ModelOutput
@@ -120,6 +122,7 @@ for per_atom in (False, True):
 found["outputs"] = sorted(calculator._model.capabilities().outputs)
 print(json.dumps(found))
 """
+)
 
 
 def run_exported(model, data, name):
@@ -367,7 +370,9 @@ def two_energies(tmp_path_factory):
     return directory, train_and_export(directory, options)
 
 
-VARIANTS = """
+VARIANTS = (
+    ENGINE_SETTINGS
+    + """
 import json, sys
 import ase.io
 from metatomic_ase import MetatomicCalculator
@@ -380,6 +385,7 @@ for variant in (None, "b3lyp"):
     found[str(variant)] = [calculator.get_potential_energy(atoms) for atoms in frames]
 print(json.dumps(found))
 """
+)
 
 
 def test_energy_variants_are_exported_as_metatomic_variants(two_energies):
@@ -441,7 +447,9 @@ def test_eval_takes_the_variant_its_description_names(two_energies, tmp_path):
     one_line_error(result, "has no 'energy/pbe0'", "energy, energy/b3lyp")
 
 
-UNCERTAINTIES = """
+UNCERTAINTIES = (
+    ENGINE_SETTINGS
+    + """
 import json, sys
 import ase.io
 from metatomic.torch import ModelOutput
@@ -457,6 +465,7 @@ for name in sys.argv[4:]:
 found["outputs"] = sorted(calculator._model.capabilities().outputs)
 print(json.dumps(found))
 """
+)
 
 
 def test_every_energy_and_target_has_an_llpr_uncertainty(two_energies, tmp_path, capsys):
