@@ -194,6 +194,13 @@ def test_eval_writes_a_prediction_for_every_target(polarisability_run, tmp_path,
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "qm7x_reduced" in line]
     assert [float(cell) for cell in row.split()[1:]] == pytest.approx([rmse, mae], abs=1e-4)
     assert predictions.with_suffix(".png").is_file()
+    # an energy variant asked of a model that learnt no energy: one line, not ignored
+    described = {"systems": str(QM7X), "targets": {"energy/r2scan": {"key": "energy"}}}
+    description.write_text(yaml.safe_dump(described))
+    capsys.readouterr()
+    assert main(["eval", str(directory / "model.pt"), str(description)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "learnt no energy, so no 'energy/r2scan'" in line and str(QM7X) in line
 
 
 def l2_components(matrix):

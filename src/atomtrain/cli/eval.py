@@ -117,6 +117,11 @@ def check_energies(model_path: Path, files: list[tuple[str, FrameSet]], names: l
     model has; its structures are evaluated with it."""
     for path, structures in files:
         for frames in structures.parts:
+            if not names and frames.energy_name != "energy":
+                raise OptionsError(
+                    f"{path}: the model {model_path} learnt no energy, so no "
+                    f"'{frames.energy_name}'; leave it out of the data description's targets"
+                )
             if names and frames.energy_name not in names:
                 raise OptionsError(
                     f"{path}: the model {model_path} has no '{frames.energy_name}' (it has "
