@@ -99,10 +99,8 @@ def md_parser(description: str) -> argparse.ArgumentParser:
 def torch_settings(threads: int) -> None:
     """``threads`` threads; on a machine without a GPU, no specialization of the model's
     TorchScript graph to the shapes of its first calls: the profiling executor makes
-    them to fuse operators, and on a CPU it fuses none, so they only cost time. Measured
-    on ethanol (docs/engines.md): the first three steps took 9-10 s (MACE), 5.7 s (PET)
-    and 0.6 s (SOAP-BPNN) with them, 2.2, 2.1 and 0.17 s without, at the same speed
-    after."""
+    them to fuse operators, and on a CPU it fuses none, so they only cost time: seconds
+    of MACE's and PET's first steps (docs/engines.md)."""
     torch.set_num_threads(threads)
     if not torch.cuda.is_available():
         torch.jit.set_fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])

@@ -216,10 +216,9 @@ def unspecialized_on_cpu(device: torch.device) -> Iterator[None]:
     """TorchScript's profiling executor specializes a model's graph to the shapes of its
     first calls (twice, then up to ten times) in order to fuse operators; on a CPU it
     fuses none (torch's CPU fuser is off by default), so the specializations only cost
-    time: an exported model's first three calls on ethanol took 9-10 s (MACE), 5.7 s
-    (PET) and 0.6 s (SOAP-BPNN) with them and 2.2, 2.1 and 0.17 s without, at the same
-    speed after (docs/engines.md). The strategy is the process's: it is set for the call
-    and restored."""
+    time: seconds of MACE's and PET's first calls, none of the later ones'
+    (docs/engines.md). The strategy is the process's: it is set for the call and
+    restored."""
     if device.type != "cpu":
         yield
         return
