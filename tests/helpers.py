@@ -55,8 +55,10 @@ TINY_PET = {
 # specializations (seconds of MACE's and PET's first calls). i-PI's driver, in the i-PI
 # test, runs with torch's default.
 ENGINE_SETTINGS = """
-import torch
-torch.jit.set_fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])
+import torch, warnings
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    torch.jit.set_fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])
 """
 
 

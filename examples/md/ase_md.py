@@ -15,6 +15,7 @@ import argparse
 import csv
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import ase.io
@@ -103,7 +104,9 @@ def torch_settings(threads: int) -> None:
     of MACE's and PET's first steps (docs/engines.md)."""
     torch.set_num_threads(threads)
     if not torch.cuda.is_available():
-        torch.jit.set_fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])
+        with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript's settings
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.jit.set_fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])
 
 
 def main() -> None:

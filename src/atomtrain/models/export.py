@@ -222,11 +222,19 @@ def unspecialized_on_cpu(device: torch.device) -> Iterator[None]:
     if device.type != "cpu":
         yield
         return
-    previous = torch.jit.set_fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])
+    previous = fusion_strategy([("STATIC", 0), ("DYNAMIC", 0)])
     try:
         yield
     finally:
-        torch.jit.set_fusion_strategy(previous)
+        fusion_strategy(previous)
+
+
+def fusion_strategy(strategy: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """torch.jit.set_fusion_strategy without its deprecation warning at every call (torch
+    2.13 deprecates TorchScript's API, which metatomic's models still run on)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.set_fusion_strategy(strategy)
 
 
 def load_exported(
