@@ -198,9 +198,11 @@ def test_eval_writes_a_prediction_for_every_target(polarisability_run, tmp_path,
     described = {"systems": str(QM7X), "targets": {"energy/r2scan": {"key": "energy"}}}
     description.write_text(yaml.safe_dump(described))
     capsys.readouterr()
-    assert main(["eval", str(directory / "model.pt"), str(description)]) == 2
+    refused = tmp_path / "refused.xyz"  # not the working directory's predictions.xyz
+    assert main(["eval", str(directory / "model.pt"), str(description), "-o", str(refused)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "learnt no energy, so no 'energy/r2scan'" in line and str(QM7X) in line
+    assert not refused.exists()
 
 
 def l2_components(matrix):
