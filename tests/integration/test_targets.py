@@ -20,6 +20,7 @@ from atomtrain.ase import Calculator
 from atomtrain.cli.main import main
 from atomtrain.data.extxyz import TargetKeys
 from atomtrain.data.reading import read_structures
+from atomtrain.errors import AtomtrainError
 from atomtrain.training.checkpoint import load_checkpoint, model_from_checkpoint
 from atomtrain.training.evaluation import predict
 from atomtrain.training.llpr import predicted_uncertainties
@@ -436,6 +437,8 @@ def test_eval_takes_the_variant_its_description_names(two_energies, tmp_path):
     assert main(["eval", str(directory / "model.pt"), str(description), "-o", str(output)]) == 0
     atoms = ase.io.read(output, 0)
     calculator = Calculator(str(directory / "model.pt"), variant="b3lyp")
+    with pytest.raises(AtomtrainError, match="has no energy 'energy/pbe0'; it has energy, "):
+        Calculator(str(directory / "model.pt"), variant="pbe0")  # a variant it lacks
     reference = ase.io.read(data, 0)
     reference.calc = calculator
     assert atoms.info["predicted_energy"] == pytest.approx(reference.get_potential_energy())
