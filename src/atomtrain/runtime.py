@@ -90,6 +90,36 @@ def read_own_ticks(stat_text: str | None = None) -> int | None:
     return int(fields[11]) + int(fields[12])
 
 
+class _Helpers:
+    running: set[int] = set()
+    ticks: dict[int, int] = {}  # the last count read of each, kept once it has ended
+
+
+def note_helper(pid: int) -> None:
+    """A child working for this process (the learning curves' drawing process): its
+    CPU time counts as this process's own, not as another job's, for BusyCores."""
+    _Helpers.running.add(pid)
+
+
+def forget_helper(pid: int) -> None:
+    _Helpers.running.discard(pid)
+
+
+def read_own_and_helper_ticks() -> int | None:
+    """read_own_ticks, plus the helpers' ticks. A helper's last count is kept after it
+    ends, so that its time, gone from /proc, does not look like a drop in this
+    process's own."""
+    own = read_own_ticks()
+    if own is None:
+        return None
+    for pid in tuple(_Helpers.running):
+        try:
+            _Helpers.ticks[pid] = read_own_ticks(Path(f"/proc/{pid}/stat").read_text()) or 0
+        except OSError:
+            _Helpers.running.discard(pid)
+    return own + sum(_Helpers.ticks.values())
+
+
 @dataclass
 class ThreadDecision:
     threads: int
@@ -123,7 +153,7 @@ class BusyCores:
         interval: float = 0.5,
         clock=time.monotonic,
         core_ticks=read_core_ticks,
-        own_ticks=read_own_ticks,
+        own_ticks=read_own_and_helper_ticks,
     ):
         self.cores = cores
         self.full_threads = threads

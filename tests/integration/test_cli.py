@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import re
 import shutil
 import subprocess
@@ -747,6 +748,38 @@ def test_help_and_version_answer_without_importing_torch():
         assert result.returncode == 0 and expected in result.stdout, arguments
         imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
         assert "atomtrain.cli.main" in imported and "torch" not in imported, arguments
+
+
+def test_a_training_command_starts_its_drawing_process_before_torch(tmp_path):
+    """The learning curves' process imports matplotlib while the command imports torch
+    (0.4 s of a short run): it is started before, by the process that will draw them
+    (rank 0 of a run it trains itself), and by no other."""
+    script = (
+        "import sys\n"
+        "import atomtrain.cli.main as command_line\n"
+        "started = []\n"
+        "command_line.start_early = lambda: started.append('torch' in sys.modules)\n"
+        "sys.argv = ['atomtrain', *sys.argv[1:]]\n"
+        "command_line.main()\n"
+        "print(started)\n"
+    )
+    options = tmp_path / "options.yaml"
+    options.write_text("architecture: {name: soap_bpnn}\n")  # no data: the run fails
+    for arguments, environment, expected in (
+        (["train", str(options)], {}, "[False]"),
+        (["train", str(options), "--check"], {}, "[]"),
+        (["train", str(options), "--nproc", "2"], {}, "[]"),  # its workers draw
+        (["train", str(options)], {"RANK": "1", "WORLD_SIZE": "2"}, "[]"),
+        (["eval", "model.pt", str(options)], {}, "[]"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-c", script, *arguments],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, **environment},
+        )
+        assert result.stdout.strip().splitlines()[-1] == expected, (arguments, result.stderr)
 
 
 def voigt_to_matrix(voigt):

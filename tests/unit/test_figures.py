@@ -79,3 +79,40 @@ def test_parity_panels_give_rmse_and_mae_in_the_logs_units():
     figure = parity_figure({"force component (eV/A)": ([0.0, 1.0], [0.003, 0.996])})
     assert "RMSE 3.536 meV/A" in [text.get_text().splitlines()[0] for text in figure.axes[0].texts]
     plt.close(figure)
+
+
+def curve_rows():
+    return [
+        {
+            "epoch": epoch,
+            "train_energy_rmse (eV)": 0.1 / epoch,
+            "validation_energy_rmse (eV)": 0.2 / epoch,
+        }
+        for epoch in range(1, 4)
+    ]
+
+
+def test_the_drawing_process_draws_the_curves_it_is_given(tmp_path):
+    """The process a command starts early: matplotlib imported ahead, the paths given
+    at the end, the figure written."""
+    from atomtrain.training.curves import DrawingProcess
+
+    table = tmp_path / "train.csv"
+    write_table(table, curve_rows())
+    process = DrawingProcess()
+    process.draw(table, tmp_path / "learning_curves.png")
+    process.wait()
+    assert process.process.returncode == 0
+    assert (tmp_path / "learning_curves.png").stat().st_size > 1000
+
+
+def test_the_drawing_process_ends_quietly_when_no_curves_come(tmp_path):
+    """A run that failed, or draws no figures: the early process ends with its input,
+    writes nothing and says nothing."""
+    from atomtrain.training.curves import DrawingProcess
+
+    process = DrawingProcess()
+    process.cancel()
+    assert process.process.returncode == 0
+    assert process.process.stderr.read() == ""
+    assert list(tmp_path.iterdir()) == []

@@ -188,3 +188,30 @@ def test_tensorboard_writes_its_events_without_fsspec(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 0
+
+
+def test_a_helpers_cpu_time_counts_as_this_processs_own_and_stays_after_it_ends():
+    """The learning curves' drawing process works for the run: BusyCores must not take
+    it for another job, neither while it runs nor when its /proc entry goes."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from atomtrain.runtime import (
+        forget_helper,
+        note_helper,
+        read_own_and_helper_ticks,
+        read_own_ticks,
+    )
+
+    busy = "import time\nend = time.time() + 0.6\nwhile time.time() < end: pass"
+    helper = subprocess.Popen([sys.executable, "-c", busy])
+    note_helper(helper.pid)
+    time.sleep(0.4)
+    seen = read_own_and_helper_ticks() - read_own_ticks()
+    helper.wait()
+    forget_helper(helper.pid)
+    after = read_own_and_helper_ticks() - read_own_ticks()
+    assert seen >= 0.2 * os.sysconf("SC_CLK_TCK")  # its busy loop, while it runs
+    assert after >= seen  # its last count is kept once it has ended

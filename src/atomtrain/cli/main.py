@@ -10,6 +10,7 @@ import sys
 
 from ..errors import AtomtrainError
 from ..runtime import keep_freed_memory, this_process_runs_one_command
+from ..training.curves import start_early
 from ..training.outputs import LOGGER_NAME, close_logging
 from ..training.phases import mark_command_start
 from .arguments import parser
@@ -28,6 +29,17 @@ def _rank() -> int:
         return 0
 
 
+def draws_figures_here(arguments) -> bool:
+    """A run trained by this process, whose rank 0 it is: it draws the learning curves
+    (unless its options say no figures: the process started early is then ended)."""
+    return (
+        arguments.command == "train"
+        and not arguments.check
+        and arguments.nproc in (None, 1)
+        and _rank() == 0
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
     if arguments.command is None:
@@ -40,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.raiseExceptions = False
     logger = logging.getLogger(LOGGER_NAME)
     try:
+        if argv is None and draws_figures_here(arguments):
+            start_early()  # its imports alongside the command's (torch)
         command = importlib.import_module(f"{__package__}.{arguments.command}")
         mark_command_start()  # what came before, the command's imports too, is the start
         return int(command.run(arguments) or 0)

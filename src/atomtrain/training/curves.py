@@ -1,10 +1,13 @@
-"""The learning curves of a run (learning_curves.png) from its train.csv. Rank 0 draws
-them in a process of its own while the run finishes (evaluation and export):
+"""The learning curves of a run (learning_curves.png) from its train.csv, drawn by a
+process of its own:
 
     python -m atomtrain.training.curves train.csv learning_curves.png
+    python -m atomtrain.training.curves --wait   # the paths come on stdin, tab-separated
 
-so that matplotlib's import and drawing (0.9 s) overlap the export (1.0 s) on a
-machine with a free core (docs/performance-notes.md, "Short runs")."""
+A command that trains starts the second form at its start (``start_early``), so that
+Python, numpy and matplotlib (0.6 s) are imported on a core the command leaves idle
+while it imports torch; at the end only the drawing (0.35 s) remains, alongside the
+export (docs/performance-notes.md, "Short runs")."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..runtime import forget_helper, note_helper
 from .outputs import LOGGER_NAME, without_unit
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -111,18 +115,38 @@ def learning_curves_figure(csv_path: Path):
     return figure
 
 
-class CurvesInBackground:
-    """The learning curves drawn by a child process; ``wait`` reports how it went."""
+class DrawingProcess:
+    """A child that imports matplotlib at once, then draws the curves whose paths it is
+    given. An end of its input before any path (a run that failed, drew no figures, or
+    whose process died) ends it without a word."""
 
     TIMEOUT = 300.0  # seconds: a wedged plot must not keep a finished run alive
 
-    def __init__(self, csv_path: Path, png_path: Path):
+    def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "atomtrain.training.curves", str(csv_path), str(png_path)],
+            [sys.executable, "-m", "atomtrain.training.curves", "--wait"],
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )
+        note_helper(self.process.pid)  # its CPU is the run's own, not another job's
+
+    def draw(self, csv_path: Path, png_path: Path) -> None:
+        self.tell(f"{csv_path}\t{png_path}\n")
+
+    def cancel(self) -> None:
+        self.tell("")
+        self.process.wait()
+        forget_helper(self.process.pid)
+
+    def tell(self, text: str) -> None:
+        stream, self.process.stdin = self.process.stdin, None  # communicate leaves it
+        try:
+            stream.write(text)
+            stream.close()
+        except OSError:  # it died; wait says so
+            pass
 
     def wait(self) -> None:
         try:
@@ -132,10 +156,50 @@ class CurvesInBackground:
             self.process.communicate()
             logger.warning(f"the learning curves were not drawn within {self.TIMEOUT:g} s")
             return
+        finally:
+            forget_helper(self.process.pid)
         if self.process.returncode != 0:
             last = (errors or "").strip().splitlines()[-1:] or ["no message"]
             logger.warning(f"the learning curves were not drawn: {last[0]}")
 
 
+class _Early:
+    process: DrawingProcess | None = None
+
+
+def start_early() -> None:
+    """Start the drawing process now, for the run this process is about to train."""
+    if _Early.process is None:
+        _Early.process = DrawingProcess()
+
+
+def drawing_process() -> DrawingProcess:
+    """The process started early, or a new one."""
+    process, _Early.process = _Early.process, None
+    return process if process is not None else DrawingProcess()
+
+
+def cancel_early() -> None:
+    """This run draws no curves: the process started early ends."""
+    process, _Early.process = _Early.process, None
+    if process is not None:
+        process.cancel()
+
+
+def wait_for_paths() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401  (the import is what is done ahead)
+
+    line = sys.stdin.readline()
+    if line.strip():
+        csv_path, png_path = line.rstrip("\n").split("\t")
+        plot_learning_curves(Path(csv_path), Path(png_path))
+
+
 if __name__ == "__main__":
-    plot_learning_curves(Path(sys.argv[1]), Path(sys.argv[2]))
+    if sys.argv[1:] == ["--wait"]:
+        wait_for_paths()
+    else:
+        plot_learning_curves(Path(sys.argv[1]), Path(sys.argv[2]))

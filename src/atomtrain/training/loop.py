@@ -29,7 +29,7 @@ from .baseline import refit_baseline
 from .batches import StepBatches, batch_workers
 from .checkpoint import TrainingState, replace_best_model, save_checkpoint
 from .compiled import CompiledPredictions, step_predictions
-from .curves import CurvesInBackground
+from .curves import cancel_early, drawing_process
 from .datasets import Datasets
 from .evaluation import metric_sums
 from .experiment_logs import ExperimentLogs
@@ -528,11 +528,10 @@ class Trainer:
         if context.is_main:
             curves = None
             if self.options.logging.figures and (directory / "train.csv").exists():
-                # drawn meanwhile; started after the evaluation, whose thread count
-                # would otherwise follow the child as another job on a core
-                curves = CurvesInBackground(
-                    directory / "train.csv", directory / "learning_curves.png"
-                )
+                curves = drawing_process()
+                curves.draw(directory / "train.csv", directory / "learning_curves.png")
+            else:
+                cancel_early()
             with self.phases.timed("export"):
                 if refitted or self.model.has_uncertainty():
                     best = self.model.state_dict()  # once: MACE on cuequivariance converts it
