@@ -52,7 +52,7 @@ def render() -> str:
         _render(
             nested_model(section.model_fields["model"].annotation), "architecture.model.", lines
         )
-        defaults = registry.architecture(name).training_defaults
+        defaults = registry.training_defaults(name)
         if defaults:
             lines += [
                 "",

@@ -452,7 +452,7 @@ class ArchitectureCommon(Strict):
     def _architecture_defaults(self) -> ArchitectureCommon:
         """The training keys the file leaves unset take the architecture's defaults
         (metatrain's for it); they stay unset for rules that ask (fine-tuning's rate)."""
-        defaults = registry.architecture(self.name).training_defaults
+        defaults = registry.training_defaults(self.name)
         unset = {k: v for k, v in defaults.items() if k not in self.training.model_fields_set}
         if unset:
             self.training = TrainingOptions.model_construct(
@@ -1026,7 +1026,7 @@ def _resolve_paths(options: Options, base: Path) -> Options:
     finetune = options.architecture.training.finetune
     if finetune is not None:
         finetune.read_from = _resolved(finetune.read_from, base)
-    key = registry.architecture(options.architecture.name).start_file_key
+    key = registry.start_file_key(options.architecture.name)
     if key is not None and getattr(options.architecture.model, key) is not None:
         start_file = getattr(options.architecture.model, key)
         setattr(options.architecture.model, key, _resolved(start_file, base))

@@ -254,7 +254,7 @@ def test_weight_decay_falls_where_mace_run_train_puts_it():
 
     from mace.tools.scripts_utils import get_params_options
 
-    from atomtrain.models.mace import decays
+    from atomtrain.models.mace.plugin import decays
 
     model = tiny_mace([1, 6, 8])
     settings = {"lr": 0.01, "weight_decay": 5e-7, "amsgrad": True, "beta": 0.9}

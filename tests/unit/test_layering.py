@@ -106,3 +106,28 @@ def test_only_architecture_packages_and_tests_name_an_architecture(tmp_path):
         "from ..models.soap_bpnn.model import SoapBpnn\nimport atomtrain.models.mace\n"
     )
     assert len(architecture_imports(offending)) == 3
+
+
+def test_every_architectures_options_are_checked_without_importing_torch():
+    """``atomtrain train`` checks an options file before torch's import (1.5-2 s), so
+    a mistake in it is said at once: the options modules, the architecture packages'
+    ``__init__`` and ``options`` modules and the registry's lookups of them import no
+    torch, for every registered architecture."""
+    import subprocess
+    import sys
+
+    from atomtrain.models import registry
+
+    script = (
+        "import sys\n"
+        "from atomtrain.models import registry\n"
+        "from atomtrain.options import parse_options\n"
+        "for name in registry.known():\n"
+        "    parse_options({'architecture': {'name': name}, 'training_set': 'x.xyz'}, 'o.yaml')\n"
+        "    registry.training_defaults(name), registry.start_file_key(name)\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'torch'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    assert len(registry.known()) >= 3

@@ -331,7 +331,7 @@ def test_every_architectures_training_defaults_are_valid_values():
     from atomtrain.options import TrainingOptions
 
     for name in registry.known():
-        defaults = registry.architecture(name).training_defaults
+        defaults = registry.training_defaults(name)
         assert TrainingOptions.model_validate(defaults).model_dump(include=set(defaults)) == (
             defaults
         )

@@ -140,7 +140,7 @@ print(sorted(name for name in sys.modules if name.startswith("torch._dynamo")))
 def test_weight_decay_spares_the_parameters_the_architecture_names():
     """MACE's convention (mace_run_train's get_params_options): decay on the products and
     the interactions' linear and skip weights only."""
-    from atomtrain.models.mace import decays
+    from atomtrain.models.mace.plugin import decays
 
     names = [
         "mace.node_embedding.linear.weight",

@@ -79,9 +79,6 @@ class Architecture:
     average_neighbors_within: Callable[[BaseModel], float | None] = nothing_to_do
     """The cutoff within which the model needs the training set's mean neighbor count
     (DataFacts.average_neighbors), or None when it needs none."""
-    start_file_key: str | None = None
-    """The key of its section that names a file of the architecture's own program to
-    start from (MACE's ``mace_model``), trained on as a fine-tuning run is."""
     read_file: Callable[[str], EnergyModel] | None = None
     """Reads such a file (e.g. a ``.model`` written by mace_run_train) as a model whose
     ``hypers`` build it again."""
@@ -106,9 +103,6 @@ class Architecture:
     """Where the architecture's own network sits among the model's parameters ("pet."):
     module names given as metatrain names them, relative to the network, are found under
     it."""
-    training_defaults: dict[str, Any] = field(default_factory=dict)
-    """Defaults of the training section that differ from the common ones (metatrain's
-    for the architecture), for the keys an options file leaves unset."""
     decays: Callable[[str], bool] = field(default=lambda name: True)
     """Whether weight decay applies to a parameter, by its name in the model (MACE's
     convention spares embeddings and readouts)."""
@@ -133,10 +127,6 @@ class Architecture:
     gives each training structure a random rotation or improper rotation every epoch, as
     metatrain's trainer of such models does, and rotation tests measure how nearly
     invariant a trained model is instead of asserting exact invariance."""
-
-    def start_file(self, section: BaseModel) -> str | None:
-        """The file the section says to start from, if any."""
-        return getattr(section, self.start_file_key) if self.start_file_key else None
 
     def options_from(self, hypers: dict[str, Any]) -> BaseModel:
         """The model section a hyperparameter record holds."""

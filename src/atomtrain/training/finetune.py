@@ -78,9 +78,8 @@ def adopt_pretrained(options: Options, source: str) -> EnergyModel | None:
     Keys the options file set to other values than the checkpoint's are refused."""
     finetune = options.architecture.training.finetune
     architecture = options.architecture
-    plug_in = registry.architecture(architecture.name)
-    if finetune is not None and plug_in.start_file(architecture.model) is not None:
-        key = plug_in.start_file_key
+    if finetune is not None and registry.start_file(architecture.name, architecture.model):
+        key = registry.start_file_key(architecture.name)
         raise OptionsError(
             f"{source}: both 'architecture.training.finetune' and 'architecture.model.{key}' "
             "name a model to start from; keep one"
@@ -97,7 +96,7 @@ def adopt_pretrained(options: Options, source: str) -> EnergyModel | None:
             f"fine-tuned from {read_from} is {hypers['architecture']}; set "
             f"architecture.name: {hypers['architecture']}"
         )
-    pretrained = plug_in.options_from(hypers)
+    pretrained = registry.architecture(architecture.name).options_from(hypers)
     conflicts = [
         (f"architecture.model.{key}", value, value_at(pretrained, key))
         for key, value in keys_set(architecture.model, "").items()

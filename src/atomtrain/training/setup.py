@@ -144,7 +144,7 @@ def starting_point(options: Options) -> str | None:
     finetune = options.architecture.training.finetune
     if finetune is not None:
         return finetune.read_from
-    return registry.architecture(options.architecture.name).start_file(options.architecture.model)
+    return registry.start_file(options.architecture.name, options.architecture.model)
 
 
 def training_targets(options: Options) -> tuple[list[TargetSpec], list[str]]:

@@ -90,3 +90,12 @@ class ModelOptions(Strict):
     def backend_hypers(self) -> dict[str, Any]:
         """The section as metatrain's PETBackend reads its hypers."""
         return self.model_dump(mode="python")
+
+
+# metatrain's pet defaults; its weight_decay is AdamW's
+TRAINING_DEFAULTS = {
+    "optimizer": "adamw",
+    "learning_rate": 1e-4,
+    "batch_size": 16,
+    "grad_clip_norm": 1.0,
+}
