@@ -191,3 +191,16 @@ def check_writable_directory(directory: Path, hint: str) -> None:
         )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write to {place}: {existing.resolve()} is not writable; {hint}")
+
+
+def check_output_path(path: Path) -> None:
+    """Fail before any work when ``path`` cannot be written."""
+    if not path.parent.resolve().is_dir():
+        raise AtomtrainError(
+            f"{path}: directory {path.parent} does not exist; create it or choose another path"
+        )
+    if path.is_dir():
+        raise AtomtrainError(f"{path} is a directory; give a file name")
+    check_writable_directory(
+        path.parent.resolve(), f"give {path.name} a path in a directory you can write to"
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
 import re
 import shutil
 import subprocess
@@ -750,34 +749,33 @@ def test_help_and_version_answer_without_importing_torch():
         assert "atomtrain.cli.main" in imported and "torch" not in imported, arguments
 
 
-def test_a_training_command_starts_its_drawing_process_before_torch(tmp_path):
-    """The learning curves' process imports matplotlib while the command imports torch
-    (0.4 s of a short run): it is started before, by the process that will draw them
-    (rank 0 of a run it trains itself), and by no other."""
+def test_options_are_checked_and_the_drawing_process_started_before_torch(tmp_path):
+    """A mistake in the options is said before torch's import (1.5-2 s), and starts no
+    process for figures; usable options start the learning curves' process before it,
+    so that matplotlib's import (0.4 s of a short run) overlaps torch's."""
     script = (
         "import sys\n"
-        "import atomtrain.cli.main as command_line\n"
+        "import atomtrain.training.curves as curves\n"
         "started = []\n"
-        "command_line.start_early = lambda: started.append('torch' in sys.modules)\n"
-        "sys.argv = ['atomtrain', *sys.argv[1:]]\n"
-        "command_line.main()\n"
-        "print(started)\n"
+        "curves.start_early = lambda: started.append('torch' in sys.modules)\n"
+        "from atomtrain.cli.main import main\n"
+        "from atomtrain.runtime import this_process_runs_one_command\n"
+        "this_process_runs_one_command()\n"
+        "code = main(sys.argv[1:])\n"
+        "print(code, started, 'torch' in sys.modules)\n"
     )
-    options = tmp_path / "options.yaml"
-    options.write_text("architecture: {name: soap_bpnn}\n")  # no data: the run fails
-    for arguments, environment, expected in (
-        (["train", str(options)], {}, "[False]"),
-        (["train", str(options), "--check"], {}, "[]"),
-        (["train", str(options), "--nproc", "2"], {}, "[]"),  # its workers draw
-        (["train", str(options)], {"RANK": "1", "WORLD_SIZE": "2"}, "[]"),
-        (["eval", "model.pt", str(options)], {}, "[]"),
+    (tmp_path / "bad.yaml").write_text("architecture: {name: soap_bpnn, modle: {}}\n")
+    (tmp_path / "good.yaml").write_text("training_set: missing.xyz\n")
+    for arguments, expected in (
+        (["train", "bad.yaml"], "2 [] False"),  # said without torch, nothing started
+        (["train", "good.yaml"], "2 [False] True"),  # started before torch; no data
+        (["train", "good.yaml", "-r", "logging.figures=false"], "2 [] True"),
     ):
         result = subprocess.run(
             [sys.executable, "-c", script, *arguments],
             capture_output=True,
             text=True,
             cwd=tmp_path,
-            env={**os.environ, **environment},
         )
         assert result.stdout.strip().splitlines()[-1] == expected, (arguments, result.stderr)
 

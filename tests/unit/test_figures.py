@@ -116,3 +116,26 @@ def test_the_drawing_process_ends_quietly_when_no_curves_come(tmp_path):
     assert process.process.returncode == 0
     assert process.process.stderr.read() == ""
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "check, kind, rank, figures, draws",
+    [
+        (False, "single", 0, True, True),
+        (True, "single", 0, True, False),  # --check trains nothing
+        (False, "spawn", 0, True, False),  # --nproc's launcher: its rank 0 draws
+        (False, "torchrun", 1, True, False),
+        (False, "slurm", 0, True, True),
+        (False, "single", 0, False, False),  # logging.figures: false
+    ],
+)
+def test_the_process_that_draws_the_curves_is_rank_0_of_a_run(check, kind, rank, figures, draws):
+    import argparse
+
+    from atomtrain.cli.train import draws_figures_here
+    from atomtrain.distributed.env import LaunchInfo
+    from atomtrain.options import parse_options
+
+    options = parse_options({"training_set": "x.xyz", "logging": {"figures": figures}})
+    launch = LaunchInfo(kind=kind, rank=rank, world_size=2 if kind != "single" else 1)
+    assert draws_figures_here(argparse.Namespace(check=check), options, launch) == draws

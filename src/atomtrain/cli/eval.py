@@ -17,7 +17,7 @@ import yaml
 from ..data.extxyz import read_frames
 from ..data.frames import FrameSet
 from ..errors import DataError, OptionsError
-from ..io import atomic_write
+from ..io import atomic_write, check_output_path
 from ..models.composition import incomplete_span, outside_span, undetermined_note
 from ..models.export import BASELINE_SPAN_FILE, learnt_targets, load_exported
 from ..options import DatasetOptions
@@ -30,7 +30,6 @@ from ..training.llpr import predicted_uncertainties
 from ..training.metrics import MetricSums, finalize
 from ..training.outputs import LOGGER_NAME, setup_logging
 from ..training.reports import metrics_table
-from .export import check_output_path
 
 logger = logging.getLogger(LOGGER_NAME)
 

@@ -10,7 +10,6 @@ import sys
 
 from ..errors import AtomtrainError
 from ..runtime import keep_freed_memory, this_process_runs_one_command
-from ..training.curves import start_early
 from ..training.outputs import LOGGER_NAME, close_logging
 from ..training.phases import mark_command_start
 from .arguments import parser
@@ -29,15 +28,11 @@ def _rank() -> int:
         return 0
 
 
-def draws_figures_here(arguments) -> bool:
-    """A run trained by this process, whose rank 0 it is: it draws the learning curves
-    (unless its options say no figures: the process started early is then ended)."""
-    return (
-        arguments.command == "train"
-        and not arguments.check
-        and arguments.nproc in (None, 1)
-        and _rank() == 0
-    )
+def is_peer_failure(error: Exception) -> bool:
+    """Whether ``error`` is a lost peer's. A process that never imported the faults
+    module (which imports torch: 1.5-2 s, for a mistake in an options file) met none."""
+    faults = sys.modules.get(f"{__package__.rsplit('.', 1)[0]}.distributed.faults")
+    return faults is not None and isinstance(error, faults.PeerFailure)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,8 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.raiseExceptions = False
     logger = logging.getLogger(LOGGER_NAME)
     try:
-        if argv is None and draws_figures_here(arguments):
-            start_early()  # its imports alongside the command's (torch)
         command = importlib.import_module(f"{__package__}.{arguments.command}")
         mark_command_start()  # what came before, the command's imports too, is the start
         return int(command.run(arguments) or 0)
@@ -63,9 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(error, "collective", False) or _rank() == 0:
             print(f"atomtrain: {error}", file=sys.stderr)
         code = error.exit_code
-        from ..distributed.faults import PeerFailure  # imported by a run that meets one
-
-        if isinstance(error, PeerFailure) and argv is None:
+        if is_peer_failure(error) and argv is None:
             # a lost peer can leave threads blocked on dead sockets: do not wait for them
             sys.stdout.flush()
             sys.stderr.flush()
