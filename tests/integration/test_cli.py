@@ -252,6 +252,35 @@ def test_eval_of_a_checkpoint_is_the_eval_of_its_exported_best_model(tmp_path, t
     assert from_checkpoint == pytest.approx(exported, rel=1e-6)
 
 
+def test_eval_in_a_command_process_leaves_metatensors_operations_out(tmp_path, trained):
+    """metatensor-torch compiles its Python operations at its import (0.55 s of an
+    eval of 4.3 s here); eval never uses them: a command's process leaves them out,
+    and writes the predictions of a process that keeps them."""
+    _, run = trained
+    script = (
+        "import sys\n"
+        "from atomtrain import runtime\n"
+        "if sys.argv[1] == 'one':\n"
+        "    runtime.this_process_runs_one_command()\n"
+        "from atomtrain.cli.main import main\n"
+        "code = main(['eval', *sys.argv[2:]])\n"
+        "print(code, 'metatensor_operations' in sys.modules)\n"
+    )
+    predicted = {}
+    for process in ("one", "longer-lived"):
+        output = tmp_path / f"{process}.xyz"
+        result = subprocess.run(
+            [sys.executable, "-c", script, process, str(run / "model.pt"), str(ETHANOL)]
+            + ["-o", str(output)],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split()[-2:] == ["0", str(process != "one")]
+        predicted[process] = [frame.info["predicted_energy"] for frame in ase.io.read(output, ":")]
+    assert predicted["one"] == predicted["longer-lived"]
+
+
 def test_eval_accepts_metatrain_yaml(tmp_path, trained):
     _, run = trained
     description = tmp_path / "eval.yaml"

@@ -318,7 +318,8 @@ def run(arguments: argparse.Namespace) -> int:
         span = model.baseline_span
     else:
         stored = {BASELINE_SPAN_FILE: ""}
-        model = load_exported(arguments.model, extra=stored)
+        # the command uses no metatrain code after it: metatensor's operations left out
+        model = load_exported(arguments.model, extra=stored, last_use=True)
         span = json.loads(stored[BASELINE_SPAN_FILE] or "null")
     dtype = next(model.parameters()).dtype
     files = read_files(dataset_options(arguments.data), require_energy=False)

@@ -238,12 +238,15 @@ def fusion_strategy(strategy: list[tuple[str, int]]) -> list[tuple[str, int]]:
 
 
 def load_exported(
-    path: str | Path, device: str | torch.device = "cpu", extra: dict[str, str] | None = None
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    extra: dict[str, str] | None = None,
+    last_use: bool = False,
 ) -> torch.jit.ScriptModule:
     """The model of an exported file: the metatomic model's inner EnergyModel (with its
     batched ``forward``), or an older atomtrain export. ``extra`` names what export
     stores beside the code (HYPERS_FILE, BASELINE_SPAN_FILE), filled in on return
-    (empty when absent)."""
+    (empty when absent). ``last_use``: as for :func:`metatomic_torch` (``eval``)."""
     path = Path(path)
     if not path.exists():
         raise AtomtrainError(f"{path}: model file not found")
@@ -260,7 +263,7 @@ def load_exported(
         )
     metadata = metatomic_metadata(path)
     if metadata is not None:
-        metatomic_torch()  # its TorchScript classes are in the file
+        metatomic_torch(last_use)  # its TorchScript classes are in the file
     hypers = json.loads((metadata or {}).get("extra", {}).get(EXTRA_KEYS[HYPERS_FILE]) or "{}")
     architecture = registry.architecture_of(hypers)  # exports before metatomic: SOAP-BPNN
     architecture.load_extensions()  # the operators and their autograd formulas
