@@ -196,7 +196,6 @@ def test_a_helpers_cpu_time_counts_as_this_processs_own_and_stays_after_it_ends(
     import os
     import subprocess
     import sys
-    import time
 
     from atomtrain.runtime import (
         forget_helper,
@@ -205,13 +204,21 @@ def test_a_helpers_cpu_time_counts_as_this_processs_own_and_stays_after_it_ends(
         read_own_ticks,
     )
 
-    busy = "import time\nend = time.time() + 0.6\nwhile time.time() < end: pass"
-    helper = subprocess.Popen([sys.executable, "-c", busy])
+    # the helper uses 0.3 s of CPU, says so, and waits for its end of input
+    busy = (
+        "import sys, time\n"
+        "while time.process_time() < 0.3: pass\n"
+        "print('busy', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    helper = subprocess.Popen(
+        [sys.executable, "-c", busy], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     note_helper(helper.pid)
-    time.sleep(0.4)
+    assert helper.stdout.readline().strip() == "busy"
     seen = read_own_and_helper_ticks() - read_own_ticks()
-    helper.wait()
+    helper.communicate("")
     forget_helper(helper.pid)
     after = read_own_and_helper_ticks() - read_own_ticks()
-    assert seen >= 0.2 * os.sysconf("SC_CLK_TCK")  # its busy loop, while it runs
+    assert seen >= 0.3 * os.sysconf("SC_CLK_TCK") - 1  # its CPU time while it runs
     assert after >= seen  # its last count is kept once it has ended
