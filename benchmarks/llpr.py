@@ -29,7 +29,7 @@ import ase.io
 import numpy as np
 import yaml
 
-from atomtrain.cli.eval import spearman
+from atomtrain.cli.eval_run import spearman
 
 ROOT = Path(__file__).resolve().parent.parent
 BULK = ("AIMD-NVT", "Elastic")

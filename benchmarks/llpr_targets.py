@@ -33,7 +33,7 @@ import numpy as np
 import yaml
 from llpr import ROOT, SECTIONS, UNCERTAINTY_PHASE, report, split
 
-from atomtrain.cli.eval import spearman
+from atomtrain.cli.eval_run import spearman
 
 FORCES = {"key": "forces", "per_atom": True, "unit": "eV/A", "type": {"cartesian": {"rank": 1}}}
 QM7X = ROOT / "tests" / "resources" / "qm7x_reduced_100.xyz"

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from atomtrain.cli.eval import parity_pairs
+from atomtrain.cli.eval_run import parity_pairs
 from atomtrain.cli.main import main
 from atomtrain.data import read_structures
 from atomtrain.models.export import load_exported
@@ -779,14 +779,15 @@ def test_help_and_version_answer_without_importing_torch():
 
 
 def test_options_are_checked_and_the_drawing_process_started_before_torch(tmp_path):
-    """A mistake in the options is said before torch's import (1.5-2 s), and starts no
-    process for figures; usable options start the learning curves' process before it,
-    so that matplotlib's import (0.4 s of a short run) overlaps torch's."""
+    """A mistake in the options (or eval's data description) is said before torch's
+    import (1.5-2 s), and starts no process for figures; usable ones start the figures'
+    process before it, so that matplotlib's import (0.4 s of a short run) overlaps
+    torch's."""
     script = (
         "import sys\n"
-        "import atomtrain.training.curves as curves\n"
+        "import atomtrain.training.figures as figures\n"
         "started = []\n"
-        "curves.start_early = lambda: started.append('torch' in sys.modules)\n"
+        "figures.start_early = lambda: started.append('torch' in sys.modules)\n"
         "from atomtrain.cli.main import main\n"
         "from atomtrain.runtime import this_process_runs_one_command\n"
         "this_process_runs_one_command()\n"
@@ -799,6 +800,8 @@ def test_options_are_checked_and_the_drawing_process_started_before_torch(tmp_pa
         (["train", "bad.yaml"], "2 [] False"),  # said without torch, nothing started
         (["train", "good.yaml"], "2 [False] True"),  # started before torch; no data
         (["train", "good.yaml", "-r", "logging.figures=false"], "2 [] True"),
+        (["eval", "model.pt", "good.yaml"], "2 [] False"),  # not a data description
+        (["eval", "model.pt", "missing.xyz"], "2 [False] True"),  # no model: after torch
     ):
         result = subprocess.run(
             [sys.executable, "-c", script, *arguments],

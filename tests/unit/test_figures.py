@@ -9,8 +9,7 @@ import ase.units
 import matplotlib.pyplot as plt
 import pytest
 
-from atomtrain.cli.eval import parity_errors, parity_figure
-from atomtrain.training.curves import learning_curves_figure
+from atomtrain.training.figures import learning_curves_figure, parity_errors, parity_figure
 from atomtrain.training.outputs import with_unit, without_unit
 
 
@@ -95,26 +94,39 @@ def curve_rows():
 def test_the_drawing_process_draws_the_curves_it_is_given(tmp_path):
     """The process a command starts early: matplotlib imported ahead, the paths given
     at the end, the figure written."""
-    from atomtrain.training.curves import DrawingProcess
+    from atomtrain.training.figures import DrawingProcess
 
     table = tmp_path / "train.csv"
     write_table(table, curve_rows())
     process = DrawingProcess()
-    process.draw(table, tmp_path / "learning_curves.png")
-    process.wait()
+    process.draw_curves(table, tmp_path / "learning_curves.png")
+    process.wait("learning curves")
     assert process.process.returncode == 0
     assert (tmp_path / "learning_curves.png").stat().st_size > 1000
+
+
+def test_the_drawing_process_draws_the_parity_plot_it_is_given(tmp_path):
+    """eval's parity plot, drawn by the process started early while the predictions
+    are written."""
+    from atomtrain.training.figures import DrawingProcess
+
+    pairs = {"energy per atom (eV)": ([-1.0, -2.0, -3.0], [-1.1, -2.0, -2.9])}
+    process = DrawingProcess()
+    process.draw_parity(pairs, tmp_path / "predictions.png")
+    process.wait("parity plot")
+    assert process.process.returncode == 0
+    assert (tmp_path / "predictions.png").stat().st_size > 1000
 
 
 def test_the_drawing_process_ends_quietly_when_no_curves_come(tmp_path):
     """A run that failed, or draws no figures: the early process ends with its input,
     writes nothing and says nothing."""
-    from atomtrain.training.curves import DrawingProcess
+    from atomtrain.training.figures import DrawingProcess
 
     process = DrawingProcess()
     process.cancel()
     assert process.process.returncode == 0
-    assert process.process.stderr.read() == ""
+    assert process.process.stderr.read() == b""
     assert list(tmp_path.iterdir()) == []
 
 

@@ -12,7 +12,7 @@ from ..errors import AtomtrainError, OptionsError
 from ..io import check_output_path, check_writable_directory
 from ..options import Options, load_options
 from ..runtime import runs_one_command
-from ..training.curves import start_early
+from ..training.figures import start_early
 from ..training.phases import mark_command_start
 
 

@@ -29,10 +29,10 @@ from .baseline import refit_baseline
 from .batches import StepBatches, batch_workers
 from .checkpoint import TrainingState, replace_best_model, save_checkpoint
 from .compiled import CompiledPredictions, step_predictions
-from .curves import cancel_early, drawing_process
 from .datasets import Datasets
 from .evaluation import metric_sums
 from .experiment_logs import ExperimentLogs
+from .figures import cancel_early, drawing_process
 from .llpr import fit_llpr
 from .losses import batch_loss
 from .metrics import SUM_NAMES, MetricSums, finalize, reduce_together, resumed_sums
@@ -529,7 +529,7 @@ class Trainer:
             curves = None
             if self.options.logging.figures and (directory / "train.csv").exists():
                 curves = drawing_process()
-                curves.draw(directory / "train.csv", directory / "learning_curves.png")
+                curves.draw_curves(directory / "train.csv", directory / "learning_curves.png")
             else:
                 cancel_early()
             with self.phases.timed("export"):
@@ -545,7 +545,7 @@ class Trainer:
             logger.info(f"exported model to {directory / 'model.pt'}")
             if curves is not None:
                 with self.phases.timed("learning curves", "waited for, drawn alongside"):
-                    curves.wait()
+                    curves.wait("learning curves")
             logger.info(self.phases.summary())
         return results
 

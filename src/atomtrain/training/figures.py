@@ -1,22 +1,27 @@
-"""The learning curves of a run (learning_curves.png) from its train.csv, drawn by a
-process of its own:
+"""A run's figures, drawn by a process of their own: the learning curves
+(learning_curves.png, from train.csv) and eval's parity plot.
 
-    python -m atomtrain.training.curves train.csv learning_curves.png
-    python -m atomtrain.training.curves --wait   # the paths come on stdin, tab-separated
+    python -m atomtrain.training.figures train.csv learning_curves.png
+    python -m atomtrain.training.figures --wait   # one pickled job comes on stdin
 
-A command that trains starts the second form at its start (``start_early``), so that
-Python, numpy and matplotlib (0.6 s) are imported on a core the command leaves idle
-while it imports torch; at the end only the drawing (0.35 s) remains, alongside the
-export (docs/performance-notes.md, "Short runs")."""
+A command that will draw starts the second form as soon as its arguments and options
+are checked (``start_early``), before it imports torch: Python, numpy and matplotlib
+(0.6 s) are then imported on a core the command leaves idle, and at the end only the
+drawing remains, alongside the export or the writing of predictions
+(docs/performance-notes.md, "Short runs")."""
 
 from __future__ import annotations
 
 import csv
 import logging
 import math
+import pickle
 import subprocess
 import sys
 from pathlib import Path
+
+import ase.units
+import numpy as np
 
 from ..runtime import forget_helper, note_helper
 from .outputs import LOGGER_NAME, without_unit
@@ -115,52 +120,118 @@ def learning_curves_figure(csv_path: Path):
     return figure
 
 
-class DrawingProcess:
-    """A child that imports matplotlib at once, then draws the curves whose paths it is
-    given. An end of its input before any path (a run that failed, drew no figures, or
-    whose process died) ends it without a word."""
+def parity_plot(path: Path, pairs: dict[str, tuple[list[float], list[float]]]) -> None:
+    import matplotlib.pyplot as plt
 
-    TIMEOUT = 300.0  # seconds: a wedged plot must not keep a finished run alive
+    figure = parity_figure(pairs)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def parity_figure(pairs: dict[str, tuple[list[float], list[float]]]):
+    """Predicted against reference values, a panel per quantity, each with its RMSE and
+    MAE (in the log's units: meV/atom, meV/A; stress in GPa and meV/A^3)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figure, axes = plt.subplots(1, len(pairs), figsize=(4.5 * len(pairs), 4.3))
+    axes = axes if hasattr(axes, "__len__") else [axes]
+    for axis, (name, (reference, predicted)) in zip(axes, pairs.items()):
+        axis.scatter(reference, predicted, s=4, alpha=0.6)
+        low, high = min(reference + predicted), max(reference + predicted)
+        axis.plot([low, high], [low, high], color="black", linewidth=0.8)
+        axis.set_xlabel(f"reference {name}")
+        axis.set_ylabel(f"predicted {name}")
+        axis.text(
+            0.04,
+            0.96,
+            parity_errors(name, reference, predicted),
+            transform=axis.transAxes,
+            verticalalignment="top",
+            fontsize=9,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+        )
+        # large values (energies of -654.1 eV/atom) have long labels: fewer, slanted ticks
+        axis.xaxis.set_major_locator(MaxNLocator(4))
+        axis.yaxis.set_major_locator(MaxNLocator(5))
+        axis.ticklabel_format(useOffset=False)
+        axis.tick_params(axis="x", labelrotation=30)
+        axis.set_aspect("equal", adjustable="datalim")
+    figure.tight_layout()
+    return figure
+
+
+# a parity panel's errors in the log's units: (factor from the panel's unit, unit)
+PARITY_UNITS = {
+    "energy per atom (eV)": [(1e3, "meV/atom")],
+    "force component (eV/A)": [(1e3, "meV/A")],
+    "stress component (GPa)": [(1.0, "GPa"), (1e3 * ase.units.GPa, "meV/A^3")],
+}
+
+
+def parity_errors(name: str, reference: list[float], predicted: list[float]) -> str:
+    """'RMSE ... / MAE ...' of one panel, in each of its units."""
+    difference = np.asarray(predicted, dtype=np.float64) - np.asarray(reference, np.float64)
+    rmse, mae = float(np.sqrt(np.mean(difference**2))), float(np.mean(np.abs(difference)))
+    lines = []
+    for label, value in (("RMSE", rmse), ("MAE", mae)):
+        shown = [f"{value * factor:.4g} {unit}" for factor, unit in PARITY_UNITS.get(name, [])]
+        lines.append(f"{label} " + (" = ".join(shown) if shown else f"{value:.4g}"))
+    return "\n".join(lines)
+
+
+class DrawingProcess:
+    """A child that imports matplotlib at once, then draws the figure it is given (one
+    job). An end of its input before any job (a command that failed, or draws no
+    figure, or whose process died) ends it without a word."""
+
+    TIMEOUT = 300.0  # seconds: a wedged plot must not keep a finished command alive
 
     def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "atomtrain.training.curves", "--wait"],
+            [sys.executable, "-m", __name__, "--wait"],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            text=True,
         )
-        note_helper(self.process.pid)  # its CPU is the run's own, not another job's
+        note_helper(self.process.pid)  # its CPU is the command's own, not another job's
 
-    def draw(self, csv_path: Path, png_path: Path) -> None:
-        self.tell(f"{csv_path}\t{png_path}\n")
+    def draw_curves(self, csv_path: Path, png_path: Path) -> None:
+        self.send(pickle.dumps(("curves", str(csv_path), str(png_path))))
+
+    def draw_parity(self, pairs: dict[str, tuple[list[float], list[float]]], png_path: Path):
+        self.send(pickle.dumps(("parity", pairs, str(png_path))))
 
     def cancel(self) -> None:
-        self.tell("")
+        self.send(b"")
         self.process.wait()
         forget_helper(self.process.pid)
 
-    def tell(self, text: str) -> None:
+    def send(self, job: bytes) -> None:
         stream, self.process.stdin = self.process.stdin, None  # communicate leaves it
         try:
-            stream.write(text)
+            stream.write(job)
             stream.close()
         except OSError:  # it died; wait says so
             pass
 
-    def wait(self) -> None:
+    def wait(self, what: str) -> None:
+        """Wait for the figure; a failure is a warning naming ``what`` was not drawn."""
         try:
             _, errors = self.process.communicate(timeout=self.TIMEOUT)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.communicate()
-            logger.warning(f"the learning curves were not drawn within {self.TIMEOUT:g} s")
+            logger.warning(f"the {what} was not drawn within {self.TIMEOUT:g} s")
             return
         finally:
             forget_helper(self.process.pid)
         if self.process.returncode != 0:
-            last = (errors or "").strip().splitlines()[-1:] or ["no message"]
-            logger.warning(f"the learning curves were not drawn: {last[0]}")
+            said = (errors or b"").decode(errors="replace").strip().splitlines()[-1:]
+            logger.warning(f"the {what} was not drawn: {(said or ['no message'])[0]}")
 
 
 class _Early:
@@ -168,7 +239,7 @@ class _Early:
 
 
 def start_early() -> None:
-    """Start the drawing process now, for the run this process is about to train."""
+    """Start the drawing process now, for the figure this command will draw."""
     if _Early.process is None:
         _Early.process = DrawingProcess()
 
@@ -180,26 +251,30 @@ def drawing_process() -> DrawingProcess:
 
 
 def cancel_early() -> None:
-    """This run draws no curves: the process started early ends."""
+    """This command draws no figure: the process started early ends."""
     process, _Early.process = _Early.process, None
     if process is not None:
         process.cancel()
 
 
-def wait_for_paths() -> None:
+def draw_what_comes() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401  (the import is what is done ahead)
 
-    line = sys.stdin.readline()
-    if line.strip():
-        csv_path, png_path = line.rstrip("\n").split("\t")
-        plot_learning_curves(Path(csv_path), Path(png_path))
+    try:
+        kind, data, png_path = pickle.load(sys.stdin.buffer)  # from the parent only
+    except EOFError:
+        return
+    if kind == "curves":
+        plot_learning_curves(Path(data), Path(png_path))
+    else:
+        parity_plot(Path(png_path), data)
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--wait"]:
-        wait_for_paths()
+        draw_what_comes()
     else:
         plot_learning_curves(Path(sys.argv[1]), Path(sys.argv[2]))
