@@ -151,3 +151,18 @@ def test_the_process_that_draws_the_curves_is_rank_0_of_a_run(check, kind, rank,
     options = parse_options({"training_set": "x.xyz", "logging": {"figures": figures}})
     launch = LaunchInfo(kind=kind, rank=rank, world_size=2 if kind != "single" else 1)
     assert draws_figures_here(argparse.Namespace(check=check), options, launch) == draws
+
+
+def test_a_figure_that_cannot_be_drawn_is_one_warning(tmp_path, caplog):
+    """A figure is a by-product: its failure (here a missing train.csv) is a warning
+    that says which figure and why, and the command goes on."""
+    from atomtrain.training.figures import DrawingProcess
+
+    process = DrawingProcess()
+    process.draw_curves(tmp_path / "missing.csv", tmp_path / "learning_curves.png")
+    with caplog.at_level("WARNING", logger="atomtrain"):
+        process.wait("learning curves")
+    (record,) = caplog.records
+    assert record.getMessage().startswith("learning curves not drawn: FileNotFoundError")
+    assert "missing.csv" in record.getMessage()
+    assert not (tmp_path / "learning_curves.png").exists()

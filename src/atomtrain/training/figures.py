@@ -219,19 +219,19 @@ class DrawingProcess:
             pass
 
     def wait(self, what: str) -> None:
-        """Wait for the figure; a failure is a warning naming ``what`` was not drawn."""
+        """Wait for the figure; a failure is a warning: "<what> not drawn: <why>"."""
         try:
             _, errors = self.process.communicate(timeout=self.TIMEOUT)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.communicate()
-            logger.warning(f"the {what} was not drawn within {self.TIMEOUT:g} s")
+            logger.warning(f"{what} not drawn within {self.TIMEOUT:g} s")
             return
         finally:
             forget_helper(self.process.pid)
         if self.process.returncode != 0:
             said = (errors or b"").decode(errors="replace").strip().splitlines()[-1:]
-            logger.warning(f"the {what} was not drawn: {(said or ['no message'])[0]}")
+            logger.warning(f"{what} not drawn: {(said or ['no message'])[0]}")
 
 
 class _Early:
