@@ -255,7 +255,8 @@ def test_eval_of_a_checkpoint_is_the_eval_of_its_exported_best_model(tmp_path, t
 def test_eval_in_a_command_process_leaves_metatensors_operations_out(tmp_path, trained):
     """metatensor-torch compiles its Python operations at its import (0.55 s of an
     eval of 4.3 s here); eval never uses them: a command's process leaves them out,
-    and writes the predictions of a process that keeps them."""
+    and writes the predictions of a process that keeps them. The parity plot is drawn
+    by the figures' process a command started early, or in a longer-lived process."""
     _, run = trained
     script = (
         "import sys\n"
@@ -278,6 +279,8 @@ def test_eval_in_a_command_process_leaves_metatensors_operations_out(tmp_path, t
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.stdout.split()[-2:] == ["0", str(process != "one")]
         predicted[process] = [frame.info["predicted_energy"] for frame in ase.io.read(output, ":")]
+        # the parity plot: drawn by the process started early, or in-process
+        assert output.with_suffix(".png").stat().st_size > 10_000
     assert predicted["one"] == predicted["longer-lived"]
 
 

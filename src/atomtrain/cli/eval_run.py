@@ -26,7 +26,7 @@ from ..training.baseline import composition_rows
 from ..training.checkpoint import best_model, is_checkpoint
 from ..training.datasets import file_labels, read_files
 from ..training.evaluation import local_batches, predict
-from ..training.figures import cancel_early, drawing_process
+from ..training.figures import parity_plot, started_early
 from ..training.llpr import predicted_uncertainties
 from ..training.metrics import MetricSums, finalize
 from ..training.outputs import LOGGER_NAME
@@ -241,14 +241,13 @@ def run(arguments: argparse.Namespace, descriptions: list[DatasetOptions]) -> in
         total += sums  # error sums add up: the whole set's metrics are exact
         per_file[f"  {name}"] = finalize(sums, targets)
     metrics = finalize(total, targets)
-    plot = None
-    if metrics:  # drawn while the predictions are written
-        plot = drawing_process()
-        plot.draw_parity(
-            parity_pairs(structures, predictions), arguments.output.with_suffix(".png")
-        )
-    else:
-        cancel_early()
+    figure = arguments.output.with_suffix(".png")
+    plot = started_early()  # a command's process; in-process calls draw it here, after
+    if plot is not None and metrics:  # drawn while the predictions are written
+        plot.draw_parity(parity_pairs(structures, predictions), figure)
+    elif plot is not None:
+        plot.cancel()
+        plot = None
     try:
         write_predictions(arguments.output, files, predictions)
     except BaseException:
@@ -265,6 +264,8 @@ def run(arguments: argparse.Namespace, descriptions: list[DatasetOptions]) -> in
             logger.info(said)
     if plot is not None:
         plot.wait("parity plot")
+    elif metrics:
+        parity_plot(figure, parity_pairs(structures, predictions))
     logger.info(f"wrote predictions for {len(structures)} structures to {arguments.output}")
     return 0
 

@@ -246,13 +246,18 @@ def start_early() -> None:
 
 def drawing_process() -> DrawingProcess:
     """The process started early, or a new one."""
+    return started_early() or DrawingProcess()
+
+
+def started_early() -> DrawingProcess | None:
+    """The process started early, if one was (a command's process), now the caller's."""
     process, _Early.process = _Early.process, None
-    return process if process is not None else DrawingProcess()
+    return process
 
 
 def cancel_early() -> None:
     """This command draws no figure: the process started early ends."""
-    process, _Early.process = _Early.process, None
+    process = started_early()
     if process is not None:
         process.cancel()
 
