@@ -202,7 +202,9 @@ class DrawingProcess:
     def draw_curves(self, csv_path: Path, png_path: Path) -> None:
         self.send(pickle.dumps(("curves", str(csv_path), str(png_path))))
 
-    def draw_parity(self, pairs: dict[str, tuple[list[float], list[float]]], png_path: Path):
+    def draw_parity(
+        self, pairs: dict[str, tuple[list[float], list[float]]], png_path: Path
+    ) -> None:
         self.send(pickle.dumps(("parity", pairs, str(png_path))))
 
     def cancel(self) -> None:
