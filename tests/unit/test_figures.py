@@ -91,31 +91,23 @@ def curve_rows():
     ]
 
 
-def test_the_drawing_process_draws_the_curves_it_is_given(tmp_path):
-    """The process a command starts early: matplotlib imported ahead, the paths given
-    at the end, the figure written."""
+@pytest.mark.parametrize("figure", ["learning curves", "parity plot"])
+def test_the_drawing_process_draws_the_figure_it_is_given(tmp_path, figure):
+    """The process a command starts early: matplotlib imported ahead, the job given at
+    the end (train's learning curves, eval's parity plot), the figure written."""
     from atomtrain.training.figures import DrawingProcess
 
     table = tmp_path / "train.csv"
     write_table(table, curve_rows())
+    png = tmp_path / "figure.png"
     process = DrawingProcess()
-    process.draw_curves(table, tmp_path / "learning_curves.png")
-    process.wait("learning curves")
+    if figure == "learning curves":
+        process.draw_curves(table, png)
+    else:
+        process.draw_parity({"energy per atom (eV)": ([-1.0, -2.0], [-1.1, -2.0])}, png)
+    process.wait(figure)
     assert process.process.returncode == 0
-    assert (tmp_path / "learning_curves.png").stat().st_size > 1000
-
-
-def test_the_drawing_process_draws_the_parity_plot_it_is_given(tmp_path):
-    """eval's parity plot, drawn by the process started early while the predictions
-    are written."""
-    from atomtrain.training.figures import DrawingProcess
-
-    pairs = {"energy per atom (eV)": ([-1.0, -2.0, -3.0], [-1.1, -2.0, -2.9])}
-    process = DrawingProcess()
-    process.draw_parity(pairs, tmp_path / "predictions.png")
-    process.wait("parity plot")
-    assert process.process.returncode == 0
-    assert (tmp_path / "predictions.png").stat().st_size > 1000
+    assert png.stat().st_size > 1000
 
 
 def test_the_drawing_process_ends_quietly_when_no_curves_come(tmp_path):

@@ -1,6 +1,5 @@
-"""mace's :class:`~atomtrain.models.architecture.Architecture`, which the registry
-imports when a model of it is built, read or exported (the package's docstring says
-more)."""
+"""MACE's :class:`~atomtrain.models.architecture.Architecture`: how mace-torch's model
+is built, read from a `.model` file, scripted, compiled and fine-tuned with adapters."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""pet's :class:`~atomtrain.models.architecture.Architecture`, which the registry
-imports when a model of it is built, read or exported (the package's docstring says
-more)."""
+"""PET's :class:`~atomtrain.models.architecture.Architecture`: how metatrain's network
+is built, read from a metatrain checkpoint, and fine-tuned (heads, LoRA)."""
 
 from __future__ import annotations
 

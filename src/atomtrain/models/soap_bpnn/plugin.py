@@ -1,6 +1,5 @@
-"""soap_bpnn's :class:`~atomtrain.models.architecture.Architecture`, which the registry
-imports when a model of it is built, read or exported (the package's docstring says
-more)."""
+"""SOAP-BPNN's :class:`~atomtrain.models.architecture.Architecture`: how it is built,
+checked on a device and exported (the package's docstring says what it is)."""
 
 from __future__ import annotations
 
