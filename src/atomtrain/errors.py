@@ -22,3 +22,15 @@ class OptionsError(AtomtrainError):
 
 class DistributedError(AtomtrainError):
     """Setting up or running the process group failed (port, peers, launcher)."""
+
+
+class PeerFailure(DistributedError):
+    """Another rank died, failed or became unreachable; this rank stops too. (Here, not
+    in distributed/faults.py, which imports torch: the command line tells it apart from
+    a mistake in an options file without importing torch.)"""
+
+    exit_code = EXIT_PROCESS_LOST
+
+
+class PeerReportedError(PeerFailure):
+    """Another rank failed with its own error (which it prints itself)."""

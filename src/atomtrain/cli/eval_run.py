@@ -26,7 +26,7 @@ from ..training.baseline import composition_rows
 from ..training.checkpoint import best_model, is_checkpoint
 from ..training.datasets import file_labels, read_files
 from ..training.evaluation import local_batches, predict
-from ..training.figures import parity_plot, started_early
+from ..training.figures import cancel_early, parity_plot, started_early
 from ..training.llpr import predicted_uncertainties
 from ..training.metrics import MetricSums, finalize
 from ..training.outputs import LOGGER_NAME
@@ -242,12 +242,11 @@ def run(arguments: argparse.Namespace, descriptions: list[DatasetOptions]) -> in
         per_file[f"  {name}"] = finalize(sums, targets)
     metrics = finalize(total, targets)
     figure = arguments.output.with_suffix(".png")
+    if not metrics:  # no reference values: no figure
+        cancel_early()
     plot = started_early()  # a command's process; in-process calls draw it here, after
-    if plot is not None and metrics:  # drawn while the predictions are written
+    if plot is not None:  # drawn while the predictions are written
         plot.draw_parity(parity_pairs(structures, predictions), figure)
-    elif plot is not None:
-        plot.cancel()
-        plot = None
     try:
         write_predictions(arguments.output, files, predictions)
     except BaseException:

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from ..errors import AtomtrainError
+from ..errors import AtomtrainError, PeerFailure
 from ..runtime import keep_freed_memory, this_process_runs_one_command
 from ..training.outputs import LOGGER_NAME, close_logging
 from ..training.phases import mark_command_start
@@ -26,13 +26,6 @@ def _rank() -> int:
         return detect_launch(os.environ).rank
     except AtomtrainError:
         return 0
-
-
-def is_peer_failure(error: Exception) -> bool:
-    """Whether ``error`` is a lost peer's. A process that never imported the faults
-    module (which imports torch: 1.5-2 s, for a mistake in an options file) met none."""
-    faults = sys.modules.get(f"{__package__.rsplit('.', 1)[0]}.distributed.faults")
-    return faults is not None and isinstance(error, faults.PeerFailure)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(error, "collective", False) or _rank() == 0:
             print(f"atomtrain: {error}", file=sys.stderr)
         code = error.exit_code
-        if is_peer_failure(error) and argv is None:
+        if isinstance(error, PeerFailure) and argv is None:
             # a lost peer can leave threads blocked on dead sockets: do not wait for them
             sys.stdout.flush()
             sys.stderr.flush()

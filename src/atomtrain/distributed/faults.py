@@ -9,23 +9,13 @@ import time
 
 import torch.distributed as dist
 
-from ..errors import EXIT_PROCESS_LOST, DistributedError
+from ..errors import PeerFailure, PeerReportedError
 
 FAILED_KEY = "atomtrain/failed"
 ALIVE_PREFIX = "atomtrain/alive/"
 ACK_PREFIX = "atomtrain/ack/"
 # how long survivors wait for each other when working out who was lost
 ROLL_CALL_SECONDS = 5.0
-
-
-class PeerFailure(DistributedError):
-    """Another rank died, failed or became unreachable; this rank stops too."""
-
-    exit_code = EXIT_PROCESS_LOST
-
-
-class PeerReportedError(PeerFailure):
-    """Another rank failed with its own error (which it prints itself)."""
 
 
 def is_communication_error(error: BaseException) -> bool:
