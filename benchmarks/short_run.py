@@ -3,6 +3,7 @@ structures, as a hyperparameter scan or a fine-tuning runs it, from the command 
 process's end, phase by phase as the log's last line gives them.
 
     python benchmarks/short_run.py [--repeats 5] [--epochs 5] [--structures 200]
+                                   [--data-cache warm|cold]
 
 Each repeat runs ``atomtrain train options.yaml -o model.pt`` in a fresh process (the
 console script, as a user runs it) and measures its wall time from outside; the phases
@@ -13,7 +14,9 @@ and the time outside the epochs. Measures and prints; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -49,18 +52,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--structures", type=int, default=200)
+    parser.add_argument("--data-cache", choices=("warm", "cold"), default="warm")
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         directory = Path(name)
         options = prepare(directory, arguments.structures, arguments.epochs)
+        environment = {**os.environ, "ATOMTRAIN_DATA_CACHE": str(directory / "cache")}
+        command = ["atomtrain", "train", str(options), "-o", "model.pt"]
+        if arguments.data_cache == "warm":
+            subprocess.run(
+                [*command, "--check"],
+                cwd=directory,
+                env=environment,
+                check=True,
+                capture_output=True,
+            )
         walls, runs = [], []
         for repeat in range(arguments.repeats):
+            if arguments.data_cache == "cold":
+                shutil.rmtree(directory / "cache", ignore_errors=True)
             start = time.perf_counter()
             result = subprocess.run(
-                ["atomtrain", "train", str(options), "-o", "model.pt"],
-                cwd=directory,
-                capture_output=True,
-                text=True,
+                command, cwd=directory, env=environment, capture_output=True, text=True
             )
             walls.append(time.perf_counter() - start)
             if result.returncode != 0:
@@ -70,7 +83,7 @@ def main() -> None:
     names = list(runs[0])
     print(
         f"\n{arguments.epochs} epochs on {arguments.structures} ethanol structures, "
-        f"median of {arguments.repeats} runs:"
+        f"median of {arguments.repeats} runs, data cache {arguments.data_cache}:"
     )
     print(f"  {'wall time of the command':<28}{statistics.median(walls):8.2f} s")
     for name in names:

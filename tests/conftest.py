@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,12 @@ EXAMPLES = ROOT / "examples"
 # Bytecode is cached as Python does by default (__pycache__ is git-ignored).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+
+# The data files the suite reads are kept in a data cache of its own (data/remembered.py),
+# which its runs and engines share, and not in the user's.
+if "ATOMTRAIN_DATA_CACHE" not in os.environ:
+    os.environ["ATOMTRAIN_DATA_CACHE"] = tempfile.mkdtemp(prefix="atomtrain-data-cache-")
+    atexit.register(shutil.rmtree, os.environ["ATOMTRAIN_DATA_CACHE"], ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

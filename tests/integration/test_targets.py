@@ -18,7 +18,7 @@ import yaml
 
 from atomtrain.ase import Calculator
 from atomtrain.cli.main import main
-from atomtrain.data.extxyz import TargetKeys
+from atomtrain.data.conventions import TargetKeys
 from atomtrain.data.reading import read_structures
 from atomtrain.errors import AtomtrainError
 from atomtrain.training.checkpoint import load_checkpoint, model_from_checkpoint

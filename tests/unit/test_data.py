@@ -260,7 +260,7 @@ def test_screening_small_molecules_for_close_atoms_keeps_every_close_pair():
     molecules are screened all pairs at once, and only those with a pair under the
     suspect distance (and every periodic or large structure) get the per-frame check:
     nothing the per-frame check would catch is missed."""
-    from atomtrain.data.extxyz import SUSPECT_DISTANCE
+    from atomtrain.data.conventions import SUSPECT_DISTANCE
     from atomtrain.data.memmap import SCREENED_ATOMS, distance_candidates
 
     molecules = ase.io.read(RESOURCES / "qm9_reduced_100.xyz", ":60")

@@ -14,7 +14,7 @@ import torch
 from scipy.spatial.transform import Rotation
 
 from atomtrain.data import collate
-from atomtrain.data.extxyz import TargetKeys
+from atomtrain.data.conventions import TargetKeys
 from atomtrain.data.reading import read_structures
 from atomtrain.data.system import Structure
 from atomtrain.errors import DataError

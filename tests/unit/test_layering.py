@@ -131,3 +131,23 @@ def test_every_architectures_options_are_checked_without_importing_torch():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
     assert len(registry.known()) >= 3
+
+
+def test_a_soap_bpnn_run_imports_neither_ases_readers_nor_scipys_heavy_parts():
+    """What a SOAP-BPNN run on a file read before imports (the training command, the
+    trainer, the model, the export): not ASE's readers (0.5 s with what they import,
+    when the data cache holds the file: data/remembered.py), nor scipy's spatial or
+    optimize packages (0.2-0.3 s each), which only PET's augmentation uses."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "import atomtrain.cli.train_run, atomtrain.training.loop, atomtrain.models.export\n"
+        "import atomtrain.data.reading, atomtrain.models.soap_bpnn.model\n"
+        "heavy = ('ase.io', 'scipy.spatial', 'scipy.optimize', 'scipy.integrate')\n"
+        "print(sorted(name for name in heavy if name in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

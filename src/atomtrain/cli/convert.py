@@ -8,6 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
+from ..data.conventions import Units
 from ..data.convert import (
     Layout,
     Source,
@@ -17,7 +18,6 @@ from ..data.convert import (
     plan,
     start_output,
 )
-from ..data.extxyz import Units
 from ..data.workers import stopped_by_signals
 from ..distributed.context import initialize
 from ..distributed.env import detect_launch

@@ -1,7 +1,7 @@
 """Reading structures, neighbor lists, batching, splitting and sampling."""
 
 from .batch import Batch
-from .extxyz import TargetKeys, Units
+from .conventions import TargetKeys, Units
 from .frames import Frames, FrameSet, collate
 from .reading import read_structures
 from .system import Structure

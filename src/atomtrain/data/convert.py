@@ -40,11 +40,10 @@ import numpy as np
 from ..errors import DataError, OptionsError
 from ..io import output_errors, process_umask
 from ..targets import TargetSpec
+from .conventions import TargetKeys, Units
 from .extxyz import (
     FRAMES_PER_CHUNK,
     FrameReader,
-    TargetKeys,
-    Units,
     file_format,
     iterate_frames,
     targets_wanted,

@@ -7,7 +7,6 @@ import io
 import logging
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import ase
@@ -22,15 +21,11 @@ import vesin
 from ..errors import DataError
 from ..targets import TargetSpec
 from ..units import unit_factor
+from .conventions import MINIMUM_DISTANCE, SUSPECT_DISTANCE, TargetKeys, Units
 from .system import Structure
 
 logger = logging.getLogger(__name__)
 
-# Closer than this, two atoms are the same atom twice (a bad merge or conversion): the
-# shortest bond, H2's, is 0.74 A. Closer than SUSPECT_DISTANCE is rare outside
-# high-energy collisions, and worth a note.
-MINIMUM_DISTANCE = 0.1
-SUSPECT_DISTANCE = 0.5
 # vesin bins space into cells of the search radius: at 0.5 A a 64-atom periodic cell
 # has thousands of empty bins (0.5 ms per frame, as long as reading it); at 2 A it takes
 # 0.1 ms and still finds few pairs, which are then filtered by distance.
@@ -52,33 +47,6 @@ def close_pairs(
     )
     close = distances < cutoff
     return first[close], second[close], distances[close]
-
-
-@dataclass(frozen=True)
-class Units:
-    """Units of a data file; values are converted to angstrom and eV when read."""
-
-    length: str = "angstrom"
-    energy: str = "eV"
-
-
-@dataclass(frozen=True)
-class TargetKeys:
-    """Where targets live in the file. ``None`` means "use when present" for forces and
-    stress, True/False force the choice; energy is required when ``require_energy``."""
-
-    energy: str = "energy"
-    forces: str = "forces"
-    stress: str = "stress"
-    virial: str = "virial"
-    read_forces: bool | None = None
-    read_stress: bool | None = None
-    require_energy: bool = True
-    read_energy: bool = True  # False: the section has no energy target (mtt:: ones only)
-    others: tuple[TargetSpec, ...] = ()  # mtt:: targets, read from every frame
-    # metatrain's extra data: checked in every frame as targets are, and not kept
-    extra: tuple[TargetSpec, ...] = ()
-    weight: str | None = None  # a per-structure loss weight in each frame's info
 
 
 def _lookup(atoms: ase.Atoms, key: str, per_atom: bool):

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .extxyz import SUSPECT_DISTANCE, FrameReader, TargetKeys, Units
+from .conventions import SUSPECT_DISTANCE, TargetKeys, Units
+from .extxyz import FrameReader
 from .frames import Frames, FrameSet, TargetColumn, cache_mapped_sources
 from .layout import PAIRS_PREFIX, check_manifest
 

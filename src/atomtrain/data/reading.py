@@ -1,15 +1,16 @@
 """Reading a data source, whatever it is: an extended XYZ file (or any file ASE reads)
 or a memory-mapped directory. The one place that knows both readers, so that neither
-imports the other."""
+imports the other; each is imported when a source needs it (ASE's readers take 0.5 s to
+import, and a file read before comes from the data cache: remembered.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import DataError
-from .extxyz import FrameReader, TargetKeys, Units, read_frames, targets_wanted
-from .frames import FrameSet, frames_from_structures
-from .memmap import read_directory
+from .conventions import TargetKeys, Units
+from .frames import Frames, FrameSet, frames_from_structures
+from .remembered import read_remembered
 
 
 def read_structures(
@@ -23,19 +24,29 @@ def read_structures(
     """
     path = Path(path)
     keys = keys or TargetKeys()
+    units = units or Units()
     if path.is_dir():  # metatrain's memory-mapped layout
         if keys.weight is not None:
             raise DataError(
                 f"{path}: per-structure weights (weight_key) cannot be read from a "
                 "memory-mapped directory yet; give the section a weight instead"
             )
+        from .memmap import read_directory
 
-        return read_directory(path, keys, units or Units())
-    reader = FrameReader(path, keys, units or Units())
+        return read_directory(path, keys, units)
+    if not path.exists():
+        raise DataError(f"{path}: data file not found; check its path")
+    return FrameSet.whole(read_remembered(path, keys, units, lambda: read_file(path, keys, units)))
+
+
+def read_file(path: Path, keys: TargetKeys, units: Units) -> Frames:
+    from .extxyz import FrameReader, read_frames, targets_wanted
+
+    reader = FrameReader(path, keys, units)
     frames = read_frames(path)
     forces, stress = targets_wanted(frames[0], keys)
     structures = [
         reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)
     ]
     reader.report_close_pairs()
-    return FrameSet.whole(frames_from_structures(str(path), structures))
+    return frames_from_structures(str(path), structures)

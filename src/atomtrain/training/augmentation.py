@@ -22,7 +22,6 @@ from dataclasses import replace
 
 import numpy as np
 import torch
-from scipy.spatial.transform import Rotation
 
 from ..data.batch import Batch
 from ..models.heads import matrix_from_spherical, spherical_from_matrix
@@ -35,6 +34,9 @@ XYZ_TO_SPHERICAL = [1, 2, 0]
 
 def random_transformations(seed: int, epoch: int, positions: Sequence[int]) -> torch.Tensor:
     """[n, 3, 3] float64: one random element of O(3) per training-set position."""
+    # imported here: scipy.spatial takes 0.2 s, and only PET's runs turn structures
+    from scipy.spatial.transform import Rotation
+
     matrices = np.empty((len(positions), 3, 3))
     for row, position in enumerate(positions):
         generator = np.random.default_rng([seed, epoch, int(position)])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.extxyz import TargetKeys, Units
+from ..data.conventions import TargetKeys, Units
 from ..data.frames import FrameSet
 from ..data.reading import read_structures
 from ..data.split import split_indices

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from ase.data import covalent_radii
 
-from ..data.extxyz import SUSPECT_DISTANCE
+from ..data.conventions import SUSPECT_DISTANCE
 from ..data.frames import FrameSet
 from ..data.neighbors import compute_neighbor_list
 from ..errors import DataError

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.optimize
 import scipy.special
 import torch
 
@@ -38,26 +37,26 @@ def spherical_bessel_radial_basis(
     return torch.sin(scaled) / scaled * (wavenumbers * math.sqrt(2.0 / cutoff))
 
 
-def _bessel_of_order(x: float, order: int) -> float:
-    return scipy.special.spherical_jn(order, x)
-
-
 def spherical_bessel_zeros(max_angular: int, count: int) -> np.ndarray:
     """The first ``count`` positive zeros of j_l for l = 0..max_angular, [l, count].
 
     The zeros of j_l interlace those of j_(l-1), so each is bracketed by two consecutive
-    zeros of the previous order, starting from those of j_0 (multiples of pi).
+    zeros of the previous order, starting from those of j_0 (multiples of pi), and found
+    by bisection, all of an order at once: 60 halvings of a bracket under 4 leave less
+    than float64 resolves. (scipy.optimize's root finders take 0.25 s to import, a
+    tenth of a short run's start.)
     """
     zeros = np.zeros((max_angular + 1, count))
     brackets = np.arange(1, count + max_angular + 1) * np.pi
     zeros[0] = brackets[:count]
     for angular_l in range(1, max_angular + 1):
-        brackets = np.array(
-            [
-                scipy.optimize.brentq(_bessel_of_order, low, high, (angular_l,), xtol=1e-14)
-                for low, high in zip(brackets[:-1], brackets[1:])
-            ]
-        )
+        low, high = brackets[:-1], brackets[1:]
+        sign_at_low = np.sign(scipy.special.spherical_jn(angular_l, low))
+        for _ in range(60):
+            middle = 0.5 * (low + high)
+            beyond = np.sign(scipy.special.spherical_jn(angular_l, middle)) == sign_at_low
+            low, high = np.where(beyond, middle, low), np.where(beyond, high, middle)
+        brackets = 0.5 * (low + high)
         zeros[angular_l] = brackets[:count]
     return zeros
 

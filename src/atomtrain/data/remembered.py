@@ -1,0 +1,189 @@
+"""A data file read once: the arrays its structures were read into are kept in the
+user's cache, so that the next run on the same file (a hyperparameter scan, a
+fine-tuning, a restart) loads them instead of importing ASE's readers (0.5 s) and
+parsing the file again (about 1 ms a structure).
+
+An entry is found by the file's bytes (SHA-256) and by how it was read: the target keys,
+the units, and the reading code itself, so that a changed file, other keys or another
+atomtrain read it anew. Entries hold plain arrays (numpy's .npz, read without pickle)
+and the warnings reading gave, which are given again. A file larger than
+``LARGEST_FILE`` is not kept (``atomtrain convert`` makes such data a memory-mapped
+directory, read without parsing); the cache keeps at most ``BUDGET`` bytes, dropping the
+entries used least recently. ``ATOMTRAIN_DATA_CACHE`` names another folder, or ``off``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from .conventions import TargetKeys, Units
+from .frames import Frames, TargetColumn
+
+logger = logging.getLogger(__name__)
+
+VARIABLE = "ATOMTRAIN_DATA_CACHE"
+LARGEST_FILE = 256 * 2**20
+BUDGET = 2 * 2**30
+# the code whose results an entry holds: an entry written by other code is not used
+READING_CODE = ("conventions.py", "extxyz.py", "frames.py", "reading.py", "remembered.py")
+ARRAYS = ("offsets", "positions", "numbers", "cells", "pbc", "energy", "forces", "stress")
+ARRAYS += ("energy_known", "forces_known", "stress_known", "weights")
+PARTIAL = ".partial"  # an entry being written; one a killed run left is dropped later
+
+
+def cache_folder() -> Path | None:
+    """Where entries live: ``ATOMTRAIN_DATA_CACHE``, or atomtrain/frames in the user's
+    cache (beside inductor's); None when the variable says off."""
+    given = os.environ.get(VARIABLE, "")
+    if given.lower() in ("off", "0", "false", "no"):
+        return None
+    if given:
+        return Path(given)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "atomtrain" / "frames"
+
+
+def entry_name(path: Path, keys: TargetKeys, units: Units) -> str | None:
+    """The entry of ``path`` read with ``keys`` and ``units``; None for a file too large
+    to keep, or one that cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        if path.stat().st_size > LARGEST_FILE:
+            return None
+        with open(path, "rb") as stream:
+            while chunk := stream.read(1 << 20):
+                digest.update(chunk)
+    except OSError:  # not readable: the reader says so
+        return None
+    here = Path(__file__).parent
+    for name in READING_CODE:
+        digest.update((here / name).read_bytes())
+    digest.update(repr((keys, units)).encode())
+    return digest.hexdigest()[:40] + ".npz"
+
+
+def read_remembered(
+    path: Path, keys: TargetKeys, units: Units, read: Callable[[], Frames]
+) -> Frames:
+    """``read()``'s frames of ``path``, from the cache when this file was read so before
+    (its warnings given again), else read and kept."""
+    folder = cache_folder()
+    name = entry_name(path, keys, units) if folder is not None else None
+    if folder is None or name is None:
+        return read()
+    entry = folder / name
+    found = load_entry(entry, str(path))
+    if found is not None:
+        frames, warnings = found
+        for logger_name, level, message in warnings:
+            logging.getLogger(logger_name).log(level, message)
+        logger.info(
+            f"{path}: {len(frames)} structures as read before, from {folder} "
+            f"({VARIABLE}=off reads files anew)"
+        )
+        return frames
+    with recorded_warnings() as warnings:
+        frames = read()
+    save_entry(folder, entry, frames, warnings)
+    return frames
+
+
+@contextlib.contextmanager
+def recorded_warnings() -> Iterator[list[tuple[str, int, str]]]:
+    """The warnings atomtrain's data readers log meanwhile, as (logger, level, text)."""
+    records: list[tuple[str, int, str]] = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append((record.name, record.levelno, record.getMessage()))
+
+    handler = Recorder(level=logging.WARNING)
+    readers = logging.getLogger(__package__)
+    readers.addHandler(handler)
+    try:
+        yield records
+    finally:
+        readers.removeHandler(handler)
+
+
+def save_entry(
+    folder: Path, entry: Path, frames: Frames, warnings: list[tuple[str, int, str]]
+) -> None:
+    """Write the entry under a temporary name and rename it, so that a run never reads
+    half an entry; a cache that cannot be written only costs the next run a reading."""
+    arrays = {name: getattr(frames, name) for name in ARRAYS if getattr(frames, name) is not None}
+    targets = list(frames.targets.items())
+    for number, (_, column) in enumerate(targets):
+        arrays[f"target{number}_values"] = column.values
+        arrays[f"target{number}_known"] = column.known
+    described = {
+        "targets": [[name, column.per_atom] for name, column in targets],
+        "warnings": warnings,
+    }
+    arrays["described"] = np.array(json.dumps(described))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=folder, suffix=PARTIAL)
+    except OSError as error:
+        logger.debug(f"the data cache {folder} was not written: {error}")
+        return
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            np.savez(file, **arrays)
+        os.replace(temporary, entry)
+    except OSError as error:
+        logger.debug(f"the data cache {folder} was not written: {error}")
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        return
+    keep_within_budget(folder)
+
+
+def load_entry(entry: Path, source: str) -> tuple[Frames, list] | None:
+    """The frames and warnings of ``entry``, or None where it is missing or unreadable
+    (cut short by a full disk, written by a version of numpy that cannot be read)."""
+    try:
+        with np.load(entry, allow_pickle=False) as stored:
+            arrays = {name: stored[name] for name in stored.files}
+        os.utime(entry)  # used now: the last to be dropped
+    except Exception:  # a missing, partial or foreign file is read anew
+        return None
+    described = json.loads(str(arrays.pop("described")))
+    targets = {
+        name: TargetColumn(
+            arrays.pop(f"target{number}_values"), arrays.pop(f"target{number}_known"), per_atom
+        )
+        for number, (name, per_atom) in enumerate(described["targets"])
+    }
+    frames = Frames(source=source, targets=targets, **{name: arrays.get(name) for name in ARRAYS})
+    return frames, [tuple(warning) for warning in described["warnings"]]
+
+
+def keep_within_budget(folder: Path) -> None:
+    """Drop the entries used least recently until the cache holds at most BUDGET, and
+    the partial entries of runs killed while writing one (an hour old)."""
+    try:
+        entries = [(path.stat(), path) for path in folder.iterdir()]
+    except OSError:
+        return
+    entries.sort(key=lambda item: item[0].st_mtime, reverse=True)
+    total, hour_ago = 0, time.time() - 3600
+    for status, path in entries:
+        if path.suffix == PARTIAL:
+            stale = status.st_mtime < hour_ago
+        else:
+            total += status.st_size
+            stale = total > BUDGET
+        if stale:
+            with contextlib.suppress(OSError):
+                path.unlink()

@@ -1,0 +1,153 @@
+"""The data cache (data/remembered.py): a file read before gives the arrays and warnings
+of its first reading without ASE, and any change to the file or to how it is read reads
+it anew."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import ase
+import ase.io
+import numpy as np
+import pytest
+
+from atomtrain.data import TargetKeys, Units, read_structures, remembered
+from atomtrain.targets import TargetSpec
+
+from conftest import RESOURCES
+from helpers import environment
+
+SPECS = (
+    TargetSpec("mtt::scalar", "s", "scalar", num_subtargets=2),
+    TargetSpec("mtt::charges", "q", "scalar", per_atom=True),
+)
+KEYS = TargetKeys(others=SPECS, weight="w")
+COLUMNS = ("offsets", "positions", "numbers", "cells", "pbc", "energy", "forces", "stress")
+COLUMNS += ("energy_known", "forces_known", "stress_known", "weights")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(remembered.VARIABLE, str(folder))
+    return folder
+
+
+def rich_file(path, energy_shift=0.0):
+    """Periodic frames with energy, forces, stress, a weight, a per-structure and a
+    per-atom target; the second has two atoms 0.3 A apart (reading notes it)."""
+    frames = []
+    for index in range(3):
+        atoms = ase.Atoms("SiSiC", positions=[[0, 0, 0], [1.5, 1.5, 1.5], [3, 0, 1.2]])
+        atoms.cell, atoms.pbc = np.eye(3) * 5.0, True
+        if index == 1:
+            atoms.positions[2] = [1.5, 1.5, 1.8]
+        atoms.info.update(energy=-10.0 - index + energy_shift, w=0.5 + index, s=[index, 2.0])
+        atoms.info["stress"] = np.arange(9.0).reshape(3, 3) * 0.01 * (index + 1)
+        atoms.arrays["forces"] = np.full((3, 3), 0.1 * index)
+        atoms.arrays["q"] = np.array([0.1, -0.2, 0.1]) * index
+        frames.append(atoms)
+    ase.io.write(path, frames, format="extxyz")
+    return path
+
+
+def assert_same_frames(found, expected):
+    for name in COLUMNS:
+        first, second = getattr(found, name), getattr(expected, name)
+        assert (first is None) == (second is None), name
+        if first is not None:
+            assert first.dtype == second.dtype and first.shape == second.shape, name
+            assert np.array_equal(first, second, equal_nan=True), name
+    assert list(found.targets) == list(expected.targets)
+    for name, column in expected.targets.items():
+        assert found.targets[name].per_atom == column.per_atom
+        assert np.array_equal(found.targets[name].values, column.values)
+        assert np.array_equal(found.targets[name].known, column.known)
+
+
+def test_a_file_read_again_gives_the_first_readings_arrays_and_warnings(tmp_path, cache, caplog):
+    path = rich_file(tmp_path / "rich.xyz")
+
+    def notes():
+        return [record.getMessage() for record in caplog.records if "closer" in record.msg]
+
+    with caplog.at_level(logging.INFO, logger="atomtrain"):
+        first = read_structures(path, KEYS).parts[0]
+        note = notes()
+        caplog.clear()
+        again = read_structures(path, KEYS).parts[0]
+    assert len(list(cache.glob("*.npz"))) == 1
+    assert_same_frames(again, first)
+    assert again.source == str(path) and set(first.targets) == {"mtt::scalar", "mtt::charges"}
+    assert len(note) == 1 and notes() == note
+    assert any("3 structures as read before" in record.msg for record in caplog.records)
+
+
+def test_a_file_read_before_is_read_without_importing_ases_readers(tmp_path, cache):
+    path = rich_file(tmp_path / "rich.xyz")
+    read_structures(path)
+    probe = (
+        "import sys\nfrom atomtrain.data import read_structures\n"
+        f"frames = read_structures({str(path)!r})\n"
+        "print(len(frames), 'ase.io' in sys.modules)"
+    )
+    env = {**environment(), remembered.VARIABLE: str(cache)}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["3", "False"]
+
+
+def test_a_changed_file_other_keys_or_other_units_are_read_anew(tmp_path, cache):
+    path = rich_file(tmp_path / "rich.xyz")
+    before = read_structures(path, KEYS).parts[0]
+    rich_file(path, energy_shift=1.0)
+    assert read_structures(path, KEYS).parts[0].energy == pytest.approx(before.energy + 1.0)
+    in_bohr = read_structures(path, KEYS, Units(length="bohr")).parts[0]
+    assert np.allclose(in_bohr.positions, before.positions * ase.units.Bohr)
+    without = read_structures(path, TargetKeys(read_stress=False, weight="w")).parts[0]
+    assert without.stress is None and not without.targets
+    assert len(list(cache.glob("*.npz"))) == 4
+
+
+def test_a_damaged_entry_is_read_anew_and_replaced(tmp_path, cache):
+    path = rich_file(tmp_path / "rich.xyz")
+    first = read_structures(path, KEYS).parts[0]
+    (entry,) = cache.glob("*.npz")
+    entry.write_bytes(entry.read_bytes()[:100])  # a disk that filled while writing
+    assert_same_frames(read_structures(path, KEYS).parts[0], first)
+    assert_same_frames(remembered.load_entry(entry, str(path))[0], first)
+
+
+def test_off_keeps_nothing_and_an_unwritable_cache_only_costs_a_reading(tmp_path, monkeypatch):
+    path = rich_file(tmp_path / "rich.xyz")
+    monkeypatch.setenv(remembered.VARIABLE, "off")
+    assert remembered.cache_folder() is None
+    assert len(read_structures(path, KEYS)) == 3
+    blocked = tmp_path / "a file, not a folder"
+    blocked.write_text("")
+    monkeypatch.setenv(remembered.VARIABLE, str(blocked / "cache"))
+    assert len(read_structures(path, KEYS)) == 3
+
+
+def test_the_least_recently_used_entries_go_beyond_the_budget(cache, monkeypatch):
+    entries = []
+    for name in ("ethanol_40.xyz", "tio2_30.xyz", "si_test.xyz"):
+        read_structures(RESOURCES / name)
+        (entry,) = set(cache.glob("*.npz")) - set(entries)
+        entries.append(entry)
+    for entry, used in zip(entries, (1000, 3000, 2000)):
+        os.utime(entry, (used, used))
+    read_structures(RESOURCES / "ethanol_40.xyz")  # used now: then tio2, last si_test
+    kept = entries[:2]
+    monkeypatch.setattr(remembered, "BUDGET", sum(entry.stat().st_size for entry in kept))
+    stale, fresh = cache / "killed.partial", cache / "being written.partial"
+    stale.write_bytes(b"half")
+    fresh.write_bytes(b"half")
+    os.utime(stale, (1, 1))
+    remembered.keep_within_budget(cache)
+    assert sorted(cache.glob("*.npz")) == sorted(kept)
+    assert fresh.exists() and not stale.exists()
