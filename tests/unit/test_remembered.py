@@ -74,7 +74,7 @@ def test_a_file_read_again_gives_the_first_readings_arrays_and_warnings(tmp_path
     def notes():
         return [record.getMessage() for record in caplog.records if "closer" in record.msg]
 
-    with caplog.at_level(logging.INFO, logger="atomtrain"):
+    with caplog.at_level(logging.DEBUG, logger="atomtrain"):
         first = read_structures(path, KEYS).parts[0]
         note = notes()
         caplog.clear()

@@ -87,7 +87,9 @@ def read_remembered(
         frames, warnings = found
         for logger_name, level, message in warnings:
             logging.getLogger(logger_name).log(level, message)
-        logger.info(
+        # debug: the arrays are those of a reading, and the line would be one more per
+        # file in every run's output
+        logger.debug(
             f"{path}: {len(frames)} structures as read before, from {folder} "
             f"({VARIABLE}=off reads files anew)"
         )
