@@ -27,9 +27,10 @@ rm -f md.out md.pos_0.extxyz md.for_0.extxyz RESTART
 i-pi input.xml > ipi.log 2>&1 &
 server=$!
 # one torch thread unless told otherwise: the fastest for small systems, and several
-# threads beside another job were 4x slower (docs/performance-notes.md)
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} i-pi-py_driver -m metatomic -u -a "$address" \
-  -o "template=start.xyz,model=$model,extensions=$(dirname "$model")/extensions" &
+# threads beside another job were 4x slower (docs/performance-notes.md); i-PI's metatomic
+# driver without TorchScript's shape specializations on a CPU (metatomic_driver.py)
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} i-pi-py_driver -m custom -P "$(pwd)/metatomic_driver.py" \
+  -u -a "$address" -o "template=start.xyz,model=$model,extensions=$(dirname "$model")/extensions" &
 driver=$!
 # the driver retries until i-PI has opened the socket, and spins if i-PI dies: i-PI's
 # exit decides, and the driver is stopped with it
