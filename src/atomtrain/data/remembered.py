@@ -4,8 +4,8 @@ fine-tuning, a restart) loads them instead of importing ASE's readers (0.5 s) an
 parsing the file again (about 1 ms a structure).
 
 An entry is found by the file's bytes (SHA-256) and by how it was read: the target keys,
-the units, and the reading code itself, so that a changed file, other keys or another
-atomtrain read it anew. Entries hold plain arrays (numpy's .npz, read without pickle)
+the units, the reading code itself and ASE's version, so that a changed file, other keys,
+another atomtrain or another ASE read it anew. Entries hold plain arrays (numpy's .npz, read without pickle)
 and the warnings reading gave, which are given again. A file larger than
 ``LARGEST_FILE`` is not kept (``atomtrain convert`` makes such data a memory-mapped
 directory, read without parsing); the cache keeps at most ``BUDGET`` bytes, dropping the
@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import ase  # its version only (imported by atomtrain.units already)
 import numpy as np
 
 from .conventions import TargetKeys, Units
@@ -34,8 +35,10 @@ logger = logging.getLogger(__name__)
 VARIABLE = "ATOMTRAIN_DATA_CACHE"
 LARGEST_FILE = 256 * 2**20
 BUDGET = 2 * 2**30
-# the code whose results an entry holds: an entry written by other code is not used
-READING_CODE = ("conventions.py", "extxyz.py", "frames.py", "reading.py", "remembered.py")
+# the code whose results an entry holds (in the atomtrain package), with ASE's version:
+# an entry written by other code is not used
+READING_CODE = ("targets.py", "units.py", "data/conventions.py", "data/extxyz.py")
+READING_CODE += ("data/frames.py", "data/reading.py", "data/remembered.py", "data/system.py")
 ARRAYS = ("offsets", "positions", "numbers", "cells", "pbc", "energy", "forces", "stress")
 ARRAYS += ("energy_known", "forces_known", "stress_known", "weights")
 PARTIAL = ".partial"  # an entry being written; one a killed run left is dropped later
@@ -65,10 +68,10 @@ def entry_name(path: Path, keys: TargetKeys, units: Units) -> str | None:
                 digest.update(chunk)
     except OSError:  # not readable: the reader says so
         return None
-    here = Path(__file__).parent
+    package = Path(__file__).parents[1]
     for name in READING_CODE:
-        digest.update((here / name).read_bytes())
-    digest.update(repr((keys, units)).encode())
+        digest.update((package / name).read_bytes())
+    digest.update(repr((keys, units, ase.__version__)).encode())
     return digest.hexdigest()[:40] + ".npz"
 
 
