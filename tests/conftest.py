@@ -34,12 +34,24 @@ def pytest_collection_modifyitems(config, items):
     runs whole on one worker, so that its module fixtures (trained runs, most of a
     file's time) are made once, not once per worker; the tests that run SLURM jobs
     (mark ``slurm``) share one worker, since each job takes both CPUs of the cluster
-    that .ci/setup_slurm.sh starts, and a second would wait for the first."""
+    that .ci/setup_slurm.sh starts, and a second would wait for the first. Files with
+    more slow tests go first."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    groups = {}
     for item in items:
         group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+        groups[item] = group
+    # the workers take groups in this order as they finish: the heaviest first (by their
+    # tests of 5 s or more), so that the last to run are short and neither worker waits
+    # long for the other at the end
+    weight, first = {}, {}
+    for position, item in enumerate(items):
+        group = groups[item]
+        weight[group] = weight.get(group, 0) + bool(item.get_closest_marker("slow"))
+        first.setdefault(group, position)
+    items.sort(key=lambda item: (-weight[groups[item]], first[groups[item]]))
 
 
 @pytest.fixture
