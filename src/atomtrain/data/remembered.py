@@ -4,12 +4,13 @@ fine-tuning, a restart) loads them instead of importing ASE's readers (0.5 s) an
 parsing the file again (about 1 ms a structure).
 
 An entry is found by the file's bytes (SHA-256) and by how it was read: the target keys,
-the units, the reading code itself and ASE's version, so that a changed file, other keys,
-another atomtrain or another ASE read it anew. Entries hold plain arrays (numpy's .npz, read without pickle)
-and the warnings reading gave, which are given again. A file larger than
-``LARGEST_FILE`` is not kept (``atomtrain convert`` makes such data a memory-mapped
-directory, read without parsing); the cache keeps at most ``BUDGET`` bytes, dropping the
-entries used least recently. ``ATOMTRAIN_DATA_CACHE`` names another folder, or ``off``.
+the units, the reading code itself and ASE's version, so that a changed file, other
+keys, another atomtrain or another ASE read it anew. Entries hold plain arrays (numpy's
+.npz, read without pickle) and the warnings reading gave, which are given again. A file
+larger than ``LARGEST_FILE`` is not kept (``atomtrain convert`` makes such data a
+memory-mapped directory, read without parsing); the cache keeps at most ``BUDGET``
+bytes, dropping the entries used least recently. ``ATOMTRAIN_DATA_CACHE`` names another
+folder, or ``off``.
 """
 
 from __future__ import annotations
