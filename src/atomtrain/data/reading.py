@@ -34,8 +34,6 @@ def read_structures(
         from .memmap import read_directory
 
         return read_directory(path, keys, units)
-    if not path.exists():
-        raise DataError(f"{path}: data file not found; check its path")
     return FrameSet.whole(read_remembered(path, keys, units, lambda: read_file(path, keys, units)))
 
 
