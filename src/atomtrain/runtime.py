@@ -259,6 +259,12 @@ def runs_one_command() -> bool:
     return _Process.runs_one_command
 
 
+def user_cache() -> Path:
+    """atomtrain's folder in the user's cache ($XDG_CACHE_HOME, else ~/.cache), where
+    inductor's compiled code and the data cache live."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "atomtrain"
+
+
 @contextlib.contextmanager
 def unimported(*names: str) -> Iterator[None]:
     """Imports made here find none of the modules ``names`` (ImportError) unless they

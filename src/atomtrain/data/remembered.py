@@ -16,6 +16,7 @@ folder, or ``off``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -28,6 +29,7 @@ from pathlib import Path
 import ase  # its version only (imported by atomtrain.units already)
 import numpy as np
 
+from ..runtime import user_cache
 from .conventions import TargetKeys, Units
 from .frames import Frames, TargetColumn
 
@@ -53,8 +55,7 @@ def cache_folder() -> Path | None:
         return None
     if given:
         return Path(given)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "atomtrain" / "frames"
+    return user_cache() / "frames"
 
 
 def entry_name(path: Path, keys: TargetKeys, units: Units) -> str | None:
@@ -69,11 +70,16 @@ def entry_name(path: Path, keys: TargetKeys, units: Units) -> str | None:
                 digest.update(chunk)
     except OSError:  # not readable: the reader says so
         return None
-    package = Path(__file__).parents[1]
-    for name in READING_CODE:
-        digest.update((package / name).read_bytes())
+    digest.update(reading_code())
     digest.update(repr((keys, units, ase.__version__)).encode())
     return digest.hexdigest()[:40] + ".npz"
+
+
+@functools.cache
+def reading_code() -> bytes:
+    """The digest of READING_CODE's files, read once a process."""
+    package = Path(__file__).parents[1]
+    return hashlib.sha256(b"".join((package / name).read_bytes() for name in READING_CODE)).digest()
 
 
 def read_remembered(

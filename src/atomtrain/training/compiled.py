@@ -37,6 +37,7 @@ from ..models.architecture import Architecture
 from ..models.data_sizes import ProvidedSizes
 from ..models.energy_model import EnergyModel, mirrored_half
 from ..models.export import first_line
+from ..runtime import user_cache
 from .evaluation import model_inputs, predict
 from .outputs import LOGGER_NAME
 from .padding import BatchShape, BatchSizes, batch_shape, batch_sizes, padded
@@ -195,8 +196,7 @@ def inductor_cache() -> Path:
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     # inductor writes its default there when first asked (a library may have asked)
     if current is None or current == os.path.abspath(default_cache_dir()):
-        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(base / "atomtrain" / "torchinductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(user_cache() / "torchinductor")
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
