@@ -38,17 +38,14 @@ def pytest_collection_modifyitems(config, items):
     more slow tests go first."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
-    groups = {}
-    for item in items:
+    # the workers take groups in the items' order as they finish: the heaviest first (by
+    # their tests of 5 s or more), so that the last to run are short and neither worker
+    # waits long for the other at the end
+    groups, weight, first = {}, {}, {}
+    for position, item in enumerate(items):
         group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
         groups[item] = group
-    # the workers take groups in this order as they finish: the heaviest first (by their
-    # tests of 5 s or more), so that the last to run are short and neither worker waits
-    # long for the other at the end
-    weight, first = {}, {}
-    for position, item in enumerate(items):
-        group = groups[item]
         weight[group] = weight.get(group, 0) + bool(item.get_closest_marker("slow"))
         first.setdefault(group, position)
     items.sort(key=lambda item: (-weight[groups[item]], first[groups[item]]))
