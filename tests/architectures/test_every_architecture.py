@@ -21,7 +21,8 @@ SMALL_SECTIONS when its defaults are slow.
 - fine-tuning starts from the trained model (slow); its heads and lora methods train
   the heads or the adapters only, every other parameter bitwise as it was (heads on two
   processes), and lora's export (adapters merged) is the adapted model (slow);
-- ``--nproc 2`` trains the one-process model (slow).
+- ``--nproc 2`` trains the one-process model, on a training list of a file of
+  molecules and a converted directory of cells with stress, packed by atoms (slow).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import ase.io
 import numpy as np
 import pytest
 import torch
+import yaml
 from scipy.spatial.transform import Rotation
 
 from atomtrain.cli.main import main
@@ -67,6 +69,7 @@ from helpers import (
 )
 
 ETHANOL = RESOURCES / "ethanol_40.xyz"
+SILICON = RESOURCES / "si_test.xyz"  # cells of 63 atoms, with stress
 SMALL_SECTIONS = {
     "soap_bpnn": SMALL_MODEL,
     "mace": TINY_MACE,
@@ -528,13 +531,37 @@ def test_checkpoint_export_and_fine_tuning_of_a_trained_run(name, tmp_path, trai
     assert f"fine-tuning the best model of {run / 'best.ckpt'}" in (tuned / "train.log").read_text()
 
 
+@pytest.fixture(scope="module")
+def silicon_directory(tmp_path_factory):
+    """Six silicon cells of 63 atoms with stress, converted to a directory."""
+    directory = tmp_path_factory.mktemp("silicon")
+    ase.io.write(directory / "cells.xyz", ase.io.read(SILICON, ":6"))
+    assert main(["convert", str(directory / "cells.xyz"), "-o", str(directory / "cells")]) == 0
+    return directory / "cells"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_two_processes_train_the_one_process_model(name, tmp_path):
+def test_two_processes_train_the_one_process_model(name, tmp_path, silicon_directory):
+    """A training list of ethanol molecules (extended XYZ) and silicon cells with stress
+    (a converted directory), batches packed by atom count: ``--nproc 2`` gives the
+    one-process model, and the final table has a row per file."""
     weights = []
     for processes in (1, 2):
         directory = tmp_path / f"nproc{processes}"
-        run = train(directory, options_for(directory, name), "--nproc", processes)
+        options = options_for(
+            directory, name, architecture__training__max_atoms_per_batch=140, test_set=0.0
+        )
+        written = yaml.safe_load(options.read_text())
+        written["training_set"] = [
+            {"systems": {"read_from": str(ETHANOL)}},
+            {"systems": {"read_from": str(silicon_directory)}},
+        ]
+        options.write_text(yaml.safe_dump(written))
+        run = train(directory, options, "--nproc", processes)
+        log = (run / "train.log").read_text()
+        assert "train: cells" in log and "training batches packed by atom count" in log
+        assert "S RMSE" in log  # the silicon cells' stress is trained
         weights.append(torch.load(run / "last.ckpt", weights_only=True)["model_state"])
     # PET pads each atom's neighbors to the batch's widest neighborhood, and the sums
     # over that padded axis round differently for another width (a share of the batch):

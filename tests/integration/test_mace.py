@@ -1,5 +1,5 @@
 """MACE (mace-torch) trained by atomtrain's trainer: symmetry and derivatives of the
-model, N processes giving the one-process model, exact resume, a metatrain
+model, exact resume on two processes, a metatrain
 ``experimental.mace`` options file, and mace-torch's import kept from weakening
 atomtrain's checkpoint loads. Tiny hyperparameters keep it fast."""
 
@@ -115,35 +115,6 @@ def reference(tmp_path_factory):
     directory = tmp_path_factory.mktemp("mace_reference")
     run_to_the_end(train_command(mace_options(directory), directory / "run"))
     return final_model(directory / "run")
-
-
-@pytest.mark.slow
-def test_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp_path):
-    """MACE on a training list of ethanol molecules (extended XYZ) and silicon cells with
-    stress (a converted directory), batches packed by atom count: two processes give the
-    one-process model, and the final table has a row per file."""
-    silicon = tmp_path / "silicon"
-    assert main(["convert", str(RESOURCES / "si_test.xyz"), "-o", str(silicon)]) == 0
-    states = []
-    for extra in ([], ["--nproc", "2"]):
-        path = mace_options(
-            tmp_path,
-            architecture__training__max_atoms_per_batch=120,
-            architecture__training__num_epochs=3,
-        )
-        options = yaml.safe_load(path.read_text())
-        options["training_set"] = [
-            {"systems": {"read_from": str(ETHANOL)}},
-            {"systems": {"read_from": str(silicon)}},
-        ]
-        options["test_set"] = 0.0
-        path.write_text(yaml.safe_dump(options))
-        run = tmp_path / f"run{len(extra)}"
-        run_to_the_end(train_command(path, run, *extra))
-        log = (run / "train.log").read_text()
-        assert "train: silicon" in log and "training batches packed by atom count" in log
-        states.append(final_model(run, epochs=3))
-    assert_same_model(states[1], states[0])
 
 
 @pytest.mark.slow
