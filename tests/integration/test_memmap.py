@@ -163,27 +163,11 @@ def train_in_a_process(options, run, extra: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_nproc_2_on_a_directory_gives_the_single_process_model(tmp_path):
-    frames = ase.io.read(RESOURCES / "si_test.xyz", ":12")
-    directory = write_memmap(tmp_path / "silicon", frames, stress=True)
-    states = []
-    for extra in ([], ["--nproc", "2"]):
-        run = tmp_path / f"run{len(extra)}"
-        options = write_options(
-            tmp_path, directory, architecture__training__batch_size=4, test_set=0.0
-        )
-        train_in_a_process(options, run, extra)
-        states.append(torch.load(run / "last.ckpt", weights_only=True)["model_state"])
-    for name, value in states[0].items():
-        torch.testing.assert_close(states[1][name], value, rtol=1e-8, atol=1e-10)
-
-
-@pytest.mark.slow
 def test_one_list_of_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp_path):
     """Ethanol molecules from an extended XYZ file and silicon cells (stress) from a
-    directory in one training list, batches packed by atom count: two processes give the
-    one-process model, the final table has a row per file, and the model fine-tunes on
-    the directory alone."""
+    directory in metatrain's layout in one training list, batches packed by atom count:
+    two processes give the one-process model, the final table has a row per file, and
+    the model fine-tunes on the directory alone."""
     import yaml
 
     silicon = write_memmap(
