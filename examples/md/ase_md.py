@@ -18,19 +18,8 @@ import sys
 import warnings
 from pathlib import Path
 
-import ase.io
-import matplotlib
-import numpy as np
-import torch
-from ase import units
-from ase.md import velocitydistribution
-from ase.md.langevin import Langevin
-from ase.md.velocitydistribution import Stationary, ZeroRotation
-from ase.md.verlet import VelocityVerlet
-from metatomic_ase import MetatomicCalculator
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+# torch, ASE, metatomic and matplotlib are imported where they are used, after the
+# arguments are checked: a wrong path is said at once, not after seconds of imports
 
 HERE = Path(__file__).resolve().parent
 
@@ -102,6 +91,8 @@ def torch_settings(threads: int) -> None:
     TorchScript graph to the shapes of its first calls: the profiling executor makes
     them to fuse operators, and on a CPU it fuses none, so they only cost time: seconds
     of MACE's and PET's first steps (docs/engines.md)."""
+    import torch
+
     torch.set_num_threads(threads)
     if not torch.cuda.is_available():
         with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript's settings
@@ -111,6 +102,15 @@ def torch_settings(threads: int) -> None:
 
 def main() -> None:
     arguments = md_arguments(__doc__.split("\n\n")[0])
+    import ase.io
+    import numpy as np
+    from ase import units
+    from ase.md import velocitydistribution
+    from ase.md.langevin import Langevin
+    from ase.md.velocitydistribution import Stationary, ZeroRotation
+    from ase.md.verlet import VelocityVerlet
+    from metatomic_ase import MetatomicCalculator
+
     torch_settings(arguments.threads)
     atoms = ase.io.read(arguments.structure, index=0)
     # the extensions the model needs (sphericart) were collected beside it at export
@@ -174,6 +174,8 @@ def report(
     speed: float | None = None,
 ) -> None:
     """Writes the table and the plot, and prints what happened, in one line."""
+    import numpy as np
+
     prefix = "md" if engine == "ASE" else f"md_{engine.lower()}"
     stem = arguments.output / f"{prefix}_{arguments.ensemble}"
     write_table(stem.with_suffix(".csv"), rows)
@@ -203,6 +205,11 @@ def write_table(path: Path, rows: list[dict[str, float]]) -> None:
 
 
 def plot(path: Path, rows: list[dict[str, float]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     time = [row["time_fs"] for row in rows]
     figure, (energy_axis, temperature_axis) = plt.subplots(2, 1, sharex=True, figsize=(6, 5))
     energy_axis.plot(time, [row["total_eV"] for row in rows])

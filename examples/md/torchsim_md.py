@@ -13,29 +13,37 @@ prints the largest change of the total energy in meV per atom.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
-import time
 
-import ase.io
-import numpy as np
-import torch
-from ase_md import md_arguments, report, torch_settings
-from metatomic_ase import MetatomicCalculator
+# said before torch's import (seconds): one line, as for the examples' other missing
+# inputs, not a traceback
+for _needed in ("torch_sim", "metatomic_torchsim"):
+    if importlib.util.find_spec(_needed) is None:
+        print(
+            f"{_needed} is not installed: this example needs TorchSim and metatomic-torchsim "
+            "(pip install torch-sim-atomistic metatomic-torchsim; TorchSim 0.5 and later need "
+            "Python 3.12)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
-try:
-    import torch_sim
-    from metatomic_torchsim import MetatomicModel
-    from torch_sim.integrators import nve_init, nve_step, nvt_langevin_init, nvt_langevin_step
-    from torch_sim.units import MetalUnits
-except ImportError as error:
-    # one line, as for the examples' other missing inputs, not a traceback
-    print(
-        f"{error.name} is not installed: this example needs TorchSim and metatomic-torchsim "
-        "(pip install torch-sim-atomistic metatomic-torchsim; TorchSim 0.5 and later need "
-        "Python 3.12)",
-        file=sys.stderr,
-    )
-    sys.exit(2)
+import time  # noqa: E402
+
+import ase.io  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch_sim  # noqa: E402
+from ase_md import md_arguments, report, torch_settings  # noqa: E402
+from metatomic_ase import MetatomicCalculator  # noqa: E402
+from metatomic_torchsim import MetatomicModel  # noqa: E402
+from torch_sim.integrators import (  # noqa: E402
+    nve_init,
+    nve_step,
+    nvt_langevin_init,
+    nvt_langevin_step,
+)
+from torch_sim.units import MetalUnits  # noqa: E402
 
 
 def check_against_ase(model: MetatomicModel, atoms: ase.Atoms, arguments) -> None:
