@@ -552,21 +552,35 @@ def last_weights(directory, options):
     return torch.load(directory / "run" / "last.ckpt", weights_only=True)["model_state"]
 
 
+@pytest.fixture(scope="module")
+def alone_and_doubled(tmp_path_factory):
+    """The weights of a run on the first section alone, and of one with the second
+    section at weight 2, at two threads (as fixed_threads)."""
+    found = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "2")
+        for second in ({}, {"weight": 2.0}):
+            directory = tmp_path_factory.mktemp("weighted")
+            found.append(last_weights(directory, weighted_options(directory, second)))
+    return found
+
+
 @pytest.mark.parametrize("how", ["section", "per structure"])
 @pytest.mark.slow
-def test_a_weight_of_zero_gives_the_model_trained_without_the_section(tmp_path, how, fixed_threads):
+def test_a_weight_of_zero_gives_the_model_trained_without_the_section(
+    tmp_path, how, fixed_threads, alone_and_doubled
+):
     """MACE #1335 and fairchem's per-data-set weights: a weight must act. Here a weight
     of 0 leaves the section's structures out (they are still validated), a weight of 2
     changes the model."""
-    alone, zero, doubled = (tmp_path / name for name in ("alone", "zero", "doubled"))
-    for directory in (alone, zero, doubled):
-        directory.mkdir()
+    expected, changed = alone_and_doubled
+    zero = tmp_path / "zero"
+    zero.mkdir()
     if how == "per structure":
         frames = ase.io.read(ETHANOL, ":")
         for index, atoms in enumerate(frames):
             atoms.info["w"] = 0.0 if index >= 30 else (2.0 if index == 0 else 1.0)
         ase.io.write(tmp_path / "weighted.xyz", frames, format="extxyz")
-    expected = last_weights(alone, weighted_options(alone, {}))
     options = weighted_options(zero, {"weight": 0.0})
     if how == "per structure":  # one file, its last ten structures of weight 0
         content = yaml.safe_load(options.read_text())
@@ -581,7 +595,6 @@ def test_a_weight_of_zero_gives_the_model_trained_without_the_section(tmp_path, 
         log = train(zero, options, "--run-dir", zero / "run")
         assert log.returncode == 0, log.stderr[-3000:]
         assert "structures of weight 0 left out" in (zero / "run" / "train.log").read_text()
-    changed = last_weights(doubled, weighted_options(doubled, {"weight": 2.0}))
     assert any(
         not torch.allclose(changed[name], value, rtol=1e-6) for name, value in expected.items()
     )
