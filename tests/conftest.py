@@ -39,8 +39,8 @@ def pytest_collection_modifyitems(config, items):
     if not config.pluginmanager.hasplugin("xdist"):
         return
     # the workers take groups in the items' order as they finish: the heaviest first (by
-    # their tests of 5 s or more), so that the last to run are short and neither worker
-    # waits long for the other at the end
+    # their tests of 5 s or more), so that the last to run are short and no worker waits
+    # long for the others at the end
     groups, weight, first = {}, {}, {}
     for position, item in enumerate(items):
         group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]

@@ -47,7 +47,7 @@ def test_python_example_runs_after_the_quick_start(tmp_path):
 
 def test_ci_runs_readmes_test_command():
     """CI's script ends with the test command README gives, so that the suite a reader
-    runs (two workers, each test file whole on one) is the one CI times."""
+    runs (three workers, each test file whole on one) is the one CI times."""
     blocks = re.findall(r"```bash\n(.*?)\n```", README, re.S)
     install_and_test = blocks[1]
     command = install_and_test.split("&&")[-1].strip()
