@@ -38,7 +38,6 @@ import ase.io
 import numpy as np
 import pytest
 import torch
-import yaml
 from scipy.spatial.transform import Rotation
 
 from atomtrain.cli.main import main
@@ -550,14 +549,15 @@ def test_two_processes_train_the_one_process_model(name, tmp_path, silicon_direc
     for processes in (1, 2):
         directory = tmp_path / f"nproc{processes}"
         options = options_for(
-            directory, name, architecture__training__max_atoms_per_batch=140, test_set=0.0
+            directory,
+            name,
+            training_set=[
+                {"systems": {"read_from": str(ETHANOL)}},
+                {"systems": {"read_from": str(silicon_directory)}},
+            ],
+            architecture__training__max_atoms_per_batch=140,
+            test_set=0.0,
         )
-        written = yaml.safe_load(options.read_text())
-        written["training_set"] = [
-            {"systems": {"read_from": str(ETHANOL)}},
-            {"systems": {"read_from": str(silicon_directory)}},
-        ]
-        options.write_text(yaml.safe_dump(written))
         run = train(directory, options, "--nproc", processes)
         log = (run / "train.log").read_text()
         assert "train: cells" in log and "training batches packed by atom count" in log

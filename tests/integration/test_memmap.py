@@ -168,22 +168,22 @@ def test_one_list_of_a_file_and_a_directory_packed_by_atoms_on_two_processes(tmp
     directory in metatrain's layout in one training list, batches packed by atom count:
     two processes give the one-process model, the final table has a row per file, and
     the model fine-tunes on the directory alone."""
-    import yaml
-
     silicon = write_memmap(
         tmp_path / "silicon", ase.io.read(RESOURCES / "si_test.xyz", ":10"), stress=True
     )
     states = []
     for extra in ([], ["--nproc", "2"]):
         run = tmp_path / f"run{len(extra)}"
-        path = write_options(tmp_path, RESOURCES / "ethanol_40.xyz", test_set=0.0)
-        options = yaml.safe_load(path.read_text())
-        options["training_set"] = [
-            {"systems": {"read_from": str(RESOURCES / "ethanol_40.xyz")}},
-            {"systems": {"read_from": str(silicon)}},
-        ]
-        options["architecture"]["training"]["max_atoms_per_batch"] = 150
-        path.write_text(yaml.safe_dump(options))
+        path = write_options(
+            tmp_path,
+            RESOURCES / "ethanol_40.xyz",
+            test_set=0.0,
+            training_set=[
+                {"systems": {"read_from": str(RESOURCES / "ethanol_40.xyz")}},
+                {"systems": {"read_from": str(silicon)}},
+            ],
+            architecture__training__max_atoms_per_batch=150,
+        )
         train_in_a_process(path, run, extra)
         log = (run / "train.log").read_text()
         assert "train: ethanol_40.xyz" in log and "train: silicon" in log

@@ -385,7 +385,8 @@ def test_the_ipi_example_drives_every_architecture_through_its_metatomic_driver(
     frames = ase.io.read(example / "md.pos_0.extxyz", index=":")
     assert len(frames) == len(potentials)
     forces = [frame.get_forces() for frame in ase.io.read(example / "md.for_0.extxyz", ":")]
-    # atomtrain's own model, which the engines' give to 1e-10 (the test above)
+    # atomtrain's own model, which the engines give to 1e-10
+    # (test_metatomic_calculator_gives_atomtrains_predictions)
     python_model = best_model(run / "best.ckpt")
     for potential, force, frame in zip(potentials, forces, frames):
         expected = run_model(python_model, [structure_from_atoms(frame)])
