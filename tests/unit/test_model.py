@@ -25,6 +25,7 @@ from atomtrain.models.soap_bpnn.soap import (
     SoapPowerSpectrum,
     neighbor_sums,
     radial_functions_per_l,
+    spherical_bessel,
     spherical_bessel_radial_basis,
     spherical_bessel_zeros,
 )
@@ -156,6 +157,15 @@ def test_padded_neighbor_sums_equal_scattered_outer_products(n_pairs):
         0, target, radial.unsqueeze(2) * angular.unsqueeze(1)
     )
     assert torch.allclose(neighbor_sums(radial, angular, target, n_targets), expected)
+
+
+def test_spherical_bessel_functions_are_scipys_where_their_zeros_are_sought():
+    for order in range(13):
+        # from the previous order's first zero on, where the zeros are bracketed
+        start = np.pi if order == 0 else spherical_bessel_zeros(order - 1, 1)[order - 1, 0]
+        x = np.linspace(start, 80.0, 4001)
+        expected = scipy.special.spherical_jn(order, x)
+        assert np.allclose(spherical_bessel(order, x), expected, rtol=1e-9, atol=1e-15)
 
 
 def test_radial_channels_per_l_are_trimmed_by_laplacian_eigenvalue():
