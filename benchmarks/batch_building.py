@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from atomtrain.data import frames as frames_module
+from atomtrain.data import columns as columns_module
 from atomtrain.data import read_structures
 
 
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--cutoff", type=float, default=5.0)
     arguments = parser.parse_args()
-    cache = frames_module.NEIGHBOR_CACHE
+    cache = columns_module.NEIGHBOR_CACHE
     print("| data | cold | warm | no cache |")
     print("|---|---|---|---|")
     for path in arguments.data:

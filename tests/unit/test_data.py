@@ -289,11 +289,14 @@ def test_screening_small_molecules_for_close_atoms_keeps_every_close_pair():
 
 def read_structures_of(frames):
     from atomtrain.data import FrameSet
+    from atomtrain.data.columns import frames_from_values
     from atomtrain.data.extxyz import FrameReader
 
     reader = FrameReader(RESOURCES, TargetKeys(require_energy=False), Units(), checked=True)
-    return FrameSet.from_structures(
-        [reader.structure(i, atoms, False, False) for i, atoms in enumerate(frames)]
+    return FrameSet.whole(
+        frames_from_values(
+            "", [reader.values(i, atoms, False, False) for i, atoms in enumerate(frames)]
+        )
     )
 
 

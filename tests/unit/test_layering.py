@@ -153,3 +153,20 @@ def test_a_soap_bpnn_run_imports_neither_ases_readers_nor_scipys_heavy_parts():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_reader_of_files_alongside_a_commands_imports_needs_no_torch():
+    """data/ahead.py's child reads a file while the command imports torch: its modules
+    import without torch (vesin's optional import of it is refused there)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\nfrom atomtrain.runtime import unimported\n"
+        "with unimported('torch', 'cupy'):\n"
+        "    import atomtrain.data.ahead, atomtrain.data.extxyz\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

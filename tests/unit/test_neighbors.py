@@ -9,7 +9,7 @@ import pytest
 import torch
 from ase.neighborlist import neighbor_list as ase_neighbor_list
 
-from atomtrain.data import frames as frames_module
+from atomtrain.data import columns as columns_module
 from atomtrain.data.frames import frames_from_structures
 from atomtrain.data.neighbors import compute_neighbor_list
 
@@ -75,7 +75,7 @@ def test_neighbor_lists_are_kept_within_the_budget_and_computed_again_beyond(mon
     assert frames.neighbors(0, 3.0) is first
     assert frames.neighbors(0, 2.0) is not first
     # a full budget: the list is computed again each time, and equal
-    monkeypatch.setattr(frames_module.NEIGHBOR_CACHE, "used", frames_module.NEIGHBOR_CACHE.budget)
+    monkeypatch.setattr(columns_module.NEIGHBOR_CACHE, "used", columns_module.NEIGHBOR_CACHE.budget)
     benzene = frames.neighbors(1, 3.0)
     again = frames.neighbors(1, 3.0)
     assert again is not benzene
@@ -101,6 +101,6 @@ def test_a_bad_cache_size_is_named_in_one_line(monkeypatch, value):
 
     monkeypatch.setenv("ATOMTRAIN_NEIGHBOR_CACHE_MB", value)
     with pytest.raises(OptionsError, match=f"ATOMTRAIN_NEIGHBOR_CACHE_MB={value}: give"):
-        frames_module.budget_from_environment()
+        columns_module.budget_from_environment()
     monkeypatch.setenv("ATOMTRAIN_NEIGHBOR_CACHE_MB", "2")
-    assert frames_module.budget_from_environment() == 2 * 2**20
+    assert columns_module.budget_from_environment() == 2 * 2**20

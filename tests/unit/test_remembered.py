@@ -151,3 +151,54 @@ def test_the_least_recently_used_entries_go_beyond_the_budget(cache, monkeypatch
     remembered.keep_within_budget(cache)
     assert sorted(cache.glob("*.npz")) == sorted(kept)
     assert fresh.exists() and not stale.exists()
+
+
+def test_a_file_not_read_before_is_read_by_a_child_while_the_command_imports(
+    tmp_path, cache, monkeypatch
+):
+    """data/ahead.py: the command hands the file to a child as it starts; its own reading
+    then finds the child's entry, and imports no ASE reader (the child did, without
+    torch), with the arrays and the warnings of a reading of its own."""
+    path = rich_file(tmp_path / "rich.xyz")
+    probe = (
+        "import sys\nfrom pathlib import Path\n"
+        "from atomtrain.data.ahead import read_ahead\n"
+        "from atomtrain.data import TargetKeys, Units\n"
+        "from atomtrain.targets import TargetSpec\n"
+        f"keys = {KEYS!r}\n"
+        f"read_ahead([(Path({str(path)!r}), keys, Units())])\n"
+        "print('torch' in sys.modules)\n"
+        "from atomtrain.data import read_structures\n"
+        f"frames = read_structures({str(path)!r}, keys)\n"
+        "print(len(frames), 'ase.io' in sys.modules)"
+    )
+    env = {**environment(), remembered.VARIABLE: str(cache)}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["False", "3", "False"]
+    assert "1 structure(s) have atoms closer than" in result.stderr  # given again
+    assert len(list(cache.glob("*.npz"))) == 1
+    kept = read_structures(path, KEYS).parts[0]
+    monkeypatch.setenv(remembered.VARIABLE, "off")
+    assert_same_frames(kept, read_structures(path, KEYS).parts[0])
+
+
+def test_a_file_the_child_cannot_read_is_read_and_named_by_the_command(
+    tmp_path, cache, monkeypatch
+):
+    from atomtrain.data.ahead import read_ahead
+    from atomtrain.errors import DataError
+
+    monkeypatch.setattr(remembered.ReadElsewhere, "process", None)
+    monkeypatch.setattr(remembered.ReadElsewhere, "entries", {})
+    path = rich_file(tmp_path / "rich.xyz")
+    lines = path.read_text().splitlines(keepends=True)
+    lines[7] = lines[7].replace("0.00000000", "abc", 1)  # frame 1's first atom
+    path.write_text("".join(lines))
+    read_ahead([(path, KEYS, Units())])
+    assert remembered.ReadElsewhere.process is not None
+    with pytest.raises(DataError, match=r"rich.xyz, frame 1 \(line 8\).*'abc'"):
+        read_structures(path, KEYS)
+    assert remembered.ReadElsewhere.process.returncode != 0
+    assert not list(cache.glob("*.npz"))

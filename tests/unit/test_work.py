@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from atomtrain.data import FrameSet, TargetKeys, read_structures
-from atomtrain.data import frames as frames_module
+from atomtrain.data import neighbors as neighbors_module
 from atomtrain.data.neighbors import compute_neighbor_list
 from atomtrain.training import work as work_module
 
@@ -64,7 +64,7 @@ def test_stored_counts_need_no_neighbor_search(tmp_path, monkeypatch):
     def no_search(*arguments):
         raise AssertionError("a neighbor search despite stored counts")
 
-    monkeypatch.setattr(frames_module, "compute_neighbor_list", no_search)
+    monkeypatch.setattr(neighbors_module, "compute_neighbor_list", no_search)
     work = work_module.work(structures, 4.0, TwoRanks(structures[:0], 4.0))
     monkeypatch.undo()
     assert work.tolist() == counted(read_structures(source), 4.0)

@@ -24,7 +24,7 @@ from ..distributed.env import detect_launch
 from ..errors import OptionsError
 from ..io import output_errors
 from ..options import DatasetOptions
-from ..training.datasets import target_keys
+from ..training.dataset_keys import target_keys
 from .eval import dataset_options
 
 # files of a converted directory that an mtt:: target's <key>.bin must not overwrite

@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..data.ahead import read_ahead
 from ..distributed.env import LaunchInfo, detect_launch
 from ..errors import AtomtrainError, OptionsError
 from ..io import check_output_path, check_writable_directory
 from ..options import Options, load_options
 from ..runtime import runs_one_command
+from ..training.dataset_keys import readings
 from ..training.figures import start_early
 from ..training.phases import mark_command_start
 
@@ -45,6 +47,8 @@ def run(arguments: argparse.Namespace) -> int:
         )
     if runs_one_command() and draws_figures_here(arguments, options, launch):
         start_early()  # matplotlib's import alongside torch's
+    if runs_one_command() and launch.world_size == 1:
+        read_ahead(readings(options))  # files not read before, alongside torch's import
     from . import train_run  # torch and the trainer
 
     mark_command_start()  # the imports above count as the start's

@@ -40,6 +40,7 @@ import numpy as np
 from ..errors import DataError, OptionsError
 from ..io import output_errors, process_umask
 from ..targets import TargetSpec
+from .columns import StructureValues
 from .conventions import TargetKeys, Units
 from .extxyz import (
     FRAMES_PER_CHUNK,
@@ -51,7 +52,6 @@ from .extxyz import (
 from .frames import Frames, FrameSet
 from .layout import FORMAT, MANIFEST, Layout, pairs_file, sampled_sha256, sha256
 from .neighbors import compute_neighbor_list
-from .system import Structure
 from .workers import SharedCounter, run_in_processes, stopped_by_signals
 
 logger = logging.getLogger(__name__)
@@ -98,21 +98,21 @@ class Converter:
         self.atom_counts: list[int] = []
         self.with_target = dict.fromkeys(TARGETS, False)
 
-    def add(self, structure: Structure, others: tuple[TargetSpec, ...] = ()) -> None:
+    def add(self, structure: StructureValues, others: tuple[TargetSpec, ...] = ()) -> None:
         """``structure`` appended; ``others``: its mtt:: targets, each to ``<key>.bin``
         (rows of [width] or, per atom, [atoms, width], as the directory reader takes
         them)."""
-        positions = structure.positions.numpy()
+        positions = structure.positions
         n_atoms = positions.shape[0]
         self.atom_counts.append(n_atoms)
         self.store("x.bin", "atomtrain_x64.bin", positions)
-        self.files.append("a.bin", structure.atomic_numbers.numpy(), np.int32)
-        self.store("c.bin", "atomtrain_c64.bin", structure.cell.numpy())
-        self.files.append("atomtrain_pbc.bin", structure.pbc.numpy(), np.uint8)
+        self.files.append("a.bin", structure.atomic_numbers, np.int32)
+        self.store("c.bin", "atomtrain_c64.bin", structure.cell)
+        self.files.append("atomtrain_pbc.bin", structure.pbc, np.uint8)
         values = {
             "energy": None if structure.energy is None else np.array([structure.energy]),
-            "forces": None if structure.forces is None else structure.forces.numpy(),
-            "stress": None if structure.stress is None else structure.stress.numpy(),
+            "forces": structure.forces,
+            "stress": structure.stress,
         }
         shapes = {"energy": (1,), "forces": (n_atoms, 3), "stress": (3, 3)}
         for name in TARGETS:
@@ -124,12 +124,10 @@ class Converter:
             "atomtrain_known.bin", [values[name] is not None for name in TARGETS], np.uint8
         )
         for spec in others:
-            values = structure.targets[spec.name].numpy()
+            values = structure.targets[spec.name]
             self.store(f"{spec.key}.bin", f"atomtrain_{spec.key}64.bin", values)
         for cutoff in self.cutoffs:
-            pairs = compute_neighbor_list(
-                positions, structure.cell.numpy(), structure.pbc.numpy(), cutoff
-            ).n_pairs
+            pairs = compute_neighbor_list(positions, structure.cell, structure.pbc, cutoff).n_pairs
             self.files.append(pairs_file(cutoff), [pairs], np.int32)
 
     def store(self, name: str, wide_name: str, values: np.ndarray) -> None:
@@ -323,7 +321,7 @@ def convert_unit(
         offsets = survey_plan.chunk_offsets[share.source]
         frames = iterate_frames(source.path, share.start, share.stop, offsets)
         for index, atoms in enumerate(frames, start=share.start):
-            structure = reader.structure(index, atoms, *survey_plan.wanted[share.source])
+            structure = reader.values(index, atoms, *survey_plan.wanted[share.source])
             converter.add(structure, source.keys.others)
         reader.report_close_pairs()
     converter.files.close()
@@ -358,7 +356,7 @@ def join_parts(parts: list[Part], directory: Path, layout: Layout, sources: list
         "atoms": int(sum(atom_counts)),
         "float64": layout.float64,
         "pair_counts": {repr(float(cutoff)): pairs_file(cutoff) for cutoff in layout.cutoffs},
-        # what every frame passed on its way in (FrameReader.structure): a reader that
+        # what every frame passed on its way in (FrameReader.values): a reader that
         # finds every checksum unchanged need not check the frames again
         "checked": ["finite values", "no atoms on top of each other"],
         "sources": sources,

@@ -15,14 +15,13 @@ import ase.io.extxyz
 import ase.io.formats
 import ase.units
 import numpy as np
-import torch
 import vesin
 
 from ..errors import DataError
 from ..targets import TargetSpec
 from ..units import unit_factor
+from .columns import Frames, StructureValues, frames_from_values
 from .conventions import MINIMUM_DISTANCE, SUSPECT_DISTANCE, TargetKeys, Units
-from .system import Structure
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +215,7 @@ class FrameReader:
             "A apart); they are used, but check that they are meant"
         )
 
-    def other_target_of(self, index: int, atoms: ase.Atoms, spec: TargetSpec) -> torch.Tensor:
+    def other_target_of(self, index: int, atoms: ase.Atoms, spec: TargetSpec) -> np.ndarray:
         """An mtt:: target's values, [width] (or [atoms, width] per atom), as metatrain's
         ASE reader reshapes them: any array of the right size, row-major."""
         value = _lookup(atoms, spec.key, per_atom=spec.per_atom)
@@ -243,7 +242,7 @@ class FrameReader:
             )
         self.check_finite(index, f"target {spec.name} ('{spec.key}')", value)
         shape = (len(atoms), spec.width) if spec.per_atom else (spec.width,)
-        return torch.from_numpy(np.ascontiguousarray(value.reshape(shape)))
+        return np.ascontiguousarray(value.reshape(shape))
 
     def weight_of(self, index: int, atoms: ase.Atoms) -> float | None:
         if self.keys.weight is None:
@@ -278,7 +277,7 @@ class FrameReader:
         self.check_finite(index, f"energy '{self.keys.energy}'", value)
         return float(value.reshape(())) * self.energy
 
-    def forces_of(self, index: int, atoms: ase.Atoms, wanted: bool) -> torch.Tensor | None:
+    def forces_of(self, index: int, atoms: ase.Atoms, wanted: bool) -> np.ndarray | None:
         value = _lookup(atoms, self.keys.forces, per_atom=True)
         if value is None:
             if wanted:
@@ -295,9 +294,9 @@ class FrameReader:
                 f"forces '{self.keys.forces}' have shape {value.shape}, expected ({len(atoms)}, 3)",
             )
         self.check_finite(index, f"forces '{self.keys.forces}'", value)
-        return torch.from_numpy(value * self.energy / self.length)
+        return value * self.energy / self.length
 
-    def stress_of(self, index: int, atoms: ase.Atoms, wanted: bool) -> torch.Tensor | None:
+    def stress_of(self, index: int, atoms: ase.Atoms, wanted: bool) -> np.ndarray | None:
         stress = _lookup(atoms, self.keys.stress, per_atom=False)
         virial = _lookup(atoms, self.keys.virial, per_atom=False)
         if stress is None and virial is None:
@@ -320,9 +319,9 @@ class FrameReader:
             matrix = -matrix / atoms.get_volume()
         else:
             matrix = matrix * self.energy / self.length**3
-        return torch.from_numpy(matrix)
+        return matrix
 
-    def structure(self, index: int, atoms: ase.Atoms, forces: bool, stress: bool) -> Structure:
+    def values(self, index: int, atoms: ase.Atoms, forces: bool, stress: bool) -> StructureValues:
         positions = np.asarray(atoms.positions, dtype=np.float64) * self.length
         self.check_finite(index, "positions", positions)
         cell = np.asarray(atoms.cell.array, dtype=np.float64) * self.length
@@ -335,11 +334,11 @@ class FrameReader:
         self.check_distances(index, positions, cell, np.asarray(atoms.pbc, dtype=bool))
         for spec in self.keys.extra:
             self.other_target_of(index, atoms, spec)
-        return Structure(
-            positions=torch.from_numpy(positions),
-            atomic_numbers=torch.from_numpy(atoms.numbers.astype(np.int64)),
-            cell=torch.from_numpy(cell),
-            pbc=torch.from_numpy(np.asarray(atoms.pbc, dtype=bool)),
+        return StructureValues(
+            positions=positions,
+            atomic_numbers=atoms.numbers.astype(np.int64),
+            cell=cell,
+            pbc=np.asarray(atoms.pbc, dtype=bool),
             energy=self.energy_of(index, atoms),
             forces=self.forces_of(index, atoms, forces) if forces else None,
             stress=self.stress_of(index, atoms, stress) if stress else None,
@@ -348,6 +347,16 @@ class FrameReader:
             },
             weight=self.weight_of(index, atoms),
         )
+
+
+def read_file(path: Path, keys: TargetKeys, units: Units) -> Frames:
+    """Every frame of ``path`` (any file ASE reads), checked, as columns."""
+    reader = FrameReader(path, keys, units)
+    frames = read_frames(path)
+    forces, stress = targets_wanted(frames[0], keys)
+    structures = [reader.values(index, atoms, forces, stress) for index, atoms in enumerate(frames)]
+    reader.report_close_pairs()
+    return frames_from_values(str(path), structures)
 
 
 def targets_wanted(first: ase.Atoms, keys: TargetKeys) -> tuple[bool, bool]:

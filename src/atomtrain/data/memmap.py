@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from .columns import Frames, TargetColumn, cache_mapped_sources
 from .conventions import SUSPECT_DISTANCE, TargetKeys, Units
 from .extxyz import FrameReader
-from .frames import Frames, FrameSet, TargetColumn, cache_mapped_sources
+from .frames import FrameSet
 from .layout import PAIRS_PREFIX, check_manifest
 
 REQUIRED = ("ns.npy", "na.npy", "x.bin", "a.bin")

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DataError
+from .columns import Frames
 from .conventions import TargetKeys, Units
-from .frames import Frames, FrameSet, frames_from_structures
+from .frames import FrameSet
 from .remembered import read_remembered
 
 
@@ -34,17 +35,11 @@ def read_structures(
         from .memmap import read_directory
 
         return read_directory(path, keys, units)
-    return FrameSet.whole(read_remembered(path, keys, units, lambda: read_file(path, keys, units)))
+    return FrameSet.whole(read_remembered(path, keys, units, lambda: parsed(path, keys, units)))
 
 
-def read_file(path: Path, keys: TargetKeys, units: Units) -> Frames:
-    from .extxyz import FrameReader, read_frames, targets_wanted
+def parsed(path: Path, keys: TargetKeys, units: Units) -> Frames:
+    """The file read by ASE's readers, imported only where the data cache lacks it."""
+    from .extxyz import read_file
 
-    reader = FrameReader(path, keys, units)
-    frames = read_frames(path)
-    forces, stress = targets_wanted(frames[0], keys)
-    structures = [
-        reader.structure(index, atoms, forces, stress) for index, atoms in enumerate(frames)
-    ]
-    reader.report_close_pairs()
-    return frames_from_structures(str(path), structures)
+    return read_file(path, keys, units)

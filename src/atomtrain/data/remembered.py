@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -29,9 +30,9 @@ from pathlib import Path
 import ase  # its version only (imported by atomtrain.units already)
 import numpy as np
 
-from ..runtime import user_cache
+from ..runtime import forget_helper, user_cache
+from .columns import Frames, TargetColumn
 from .conventions import TargetKeys, Units
-from .frames import Frames, TargetColumn
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ BUDGET = 2 * 2**30
 # the code whose results an entry holds (in the atomtrain package), with ASE's version:
 # an entry written by other code is not used
 READING_CODE = ("targets.py", "units.py", "data/conventions.py", "data/extxyz.py")
-READING_CODE += ("data/frames.py", "data/reading.py", "data/remembered.py", "data/system.py")
+READING_CODE += ("data/columns.py", "data/frames.py", "data/reading.py", "data/remembered.py")
+READING_CODE += ("data/system.py",)
 ARRAYS = ("offsets", "positions", "numbers", "cells", "pbc", "energy", "forces", "stress")
 ARRAYS += ("energy_known", "forces_known", "stress_known", "weights")
 PARTIAL = ".partial"  # an entry being written; one a killed run left is dropped later
@@ -82,14 +84,37 @@ def reading_code() -> bytes:
     return hashlib.sha256(b"".join((package / name).read_bytes() for name in READING_CODE)).digest()
 
 
+class ReadElsewhere:
+    """A child process reading files into the cache (data/ahead.py), and the entry of
+    each: a command's reading of one of them waits for it."""
+
+    process: subprocess.Popen | None = None
+    entries: dict[str, str] = {}  # reading (file, keys, units) -> its entry's name
+
+    @staticmethod
+    def reading(path: Path, keys: TargetKeys, units: Units) -> str:
+        return repr((str(path), keys, units))
+
+    @classmethod
+    def waited(cls, path: Path, keys: TargetKeys, units: Units) -> str | None:
+        """The entry's name, once the child has ended, if it reads this file so."""
+        name = cls.entries.get(cls.reading(path, keys, units))
+        if name is not None and cls.process is not None:
+            cls.process.wait()
+            forget_helper(cls.process.pid)
+        return name
+
+
 def read_remembered(
     path: Path, keys: TargetKeys, units: Units, read: Callable[[], Frames]
 ) -> Frames:
     """``read()``'s frames of ``path``, from the cache when this file was read so before
     (its warnings given again), else read and kept."""
     folder = cache_folder()
-    name = entry_name(path, keys, units) if folder is not None else None
-    if folder is None or name is None:
+    if folder is None:
+        return read()
+    name = ReadElsewhere.waited(path, keys, units) or entry_name(path, keys, units)
+    if name is None:
         return read()
     entry = folder / name
     found = load_entry(entry, str(path))
@@ -104,6 +129,11 @@ def read_remembered(
             f"({VARIABLE}=off reads files anew)"
         )
         return frames
+    return read_and_keep(folder, entry, read)
+
+
+def read_and_keep(folder: Path, entry: Path, read: Callable[[], Frames]) -> Frames:
+    """``read()``'s frames, kept in the cache as ``entry`` with the warnings it gave."""
     with recorded_warnings() as warnings:
         frames = read()
     save_entry(folder, entry, frames, warnings)

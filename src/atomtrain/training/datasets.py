@@ -9,61 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.conventions import TargetKeys, Units
 from ..data.frames import FrameSet
 from ..data.reading import read_structures
 from ..data.split import split_indices
 from ..errors import DataError, OptionsError
 from ..options import DatasetOptions, Options
-
-
-def _gradient_choice(value, default_key: str) -> tuple[str, bool | None]:
-    """(key, read): read True requires the values in every structure, None reads them
-    where present. A mapping with the default key is what metatrain's expanded options
-    (options_restart.yaml) hold for every energy, periodic or not, and metatrain trains
-    without the values where the file lacks them: so does atomtrain."""
-    if value is None:
-        return default_key, None
-    if isinstance(value, bool):
-        return default_key, value
-    if isinstance(value, str):
-        return value, True
-    if value.key in (None, default_key):
-        return default_key, None
-    return value.key, True
-
-
-def target_keys(dataset: DatasetOptions, require_energy: bool = True) -> TargetKeys:
-    energy = dataset.targets.energy
-    others = tuple(dataset.targets.specs())
-    extra = tuple(options.spec(name) for name, options in dataset.extra_data.items())
-    if energy is None:  # mtt:: targets only
-        return TargetKeys(
-            read_forces=False,
-            read_stress=False,
-            require_energy=False,
-            read_energy=False,
-            others=others,
-            extra=extra,
-            weight=dataset.weight_key,
-        )
-    forces_key, read_forces = _gradient_choice(energy.forces, "forces")
-    stress_key, read_stress = _gradient_choice(energy.stress, "stress")
-    virial_key, read_virial = _gradient_choice(energy.virial, "virial")
-    if read_stress is None and read_virial:
-        read_stress = True
-    return TargetKeys(
-        energy=energy.key,
-        forces=forces_key,
-        stress=stress_key,
-        virial=virial_key,
-        read_forces=read_forces,
-        read_stress=read_stress,
-        require_energy=require_energy,
-        others=others,
-        extra=extra,
-        weight=dataset.weight_key,
-    )
+from .dataset_keys import reading_of
 
 
 def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> FrameSet:
@@ -80,11 +31,7 @@ def read_dataset(dataset: DatasetOptions, require_energy: bool = True) -> FrameS
                 f"{elsewhere}: targets must be read from the systems file "
                 f"{dataset.systems.read_from}"
             )
-    structures = read_structures(
-        dataset.systems.read_from,
-        target_keys(dataset, require_energy),
-        Units(length=dataset.systems.length_unit, energy=energy.unit if energy else "eV"),
-    )
+    structures = read_structures(*reading_of(dataset, require_energy))
     for frames in structures.parts:
         frames.energy_name = dataset.targets.energy_name
         if dataset.weight != 1.0:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..data.frames import FrameSet, check_cache_setting
+from ..data.columns import check_cache_setting
+from ..data.frames import FrameSet
 from ..data.sampler import BatchPlan, pack_once
 from ..distributed import Context
 from ..errors import DataError, OptionsError

@@ -1,0 +1,71 @@
+"""Data files read alongside a command's own imports.
+
+A file the data cache (remembered.py) does not hold yet is read by ASE's readers: 0.4 s
+of their import (ASE's trajectory module brings much of scipy), then about 1 ms a
+structure. A training command hands such files to a child process as it starts
+(:func:`read_ahead`); the child reads them into the cache while the command imports
+torch (1-1.5 s), and the command's own reading waits for the child and finds them there
+(remembered.ReadElsewhere). The child imports neither torch nor the trainer. Where it
+fails (a file ASE cannot read, a cache that cannot be written), the command reads the
+file itself and says what is wrong, as without the child.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+from ..runtime import note_helper, unimported
+from . import remembered
+from .conventions import TargetKeys, Units
+
+
+def read_ahead(sources: list[tuple[Path, TargetKeys, Units]]) -> None:
+    """Start a child reading, into the data cache, those of ``sources`` (file, keys,
+    units) that it lacks: files it keeps, not directories, not read before."""
+    folder = remembered.cache_folder()
+    if folder is None or remembered.ReadElsewhere.process is not None:
+        return
+    wanted: dict[str, tuple[str, str, TargetKeys, Units]] = {}
+    entries: dict[str, str] = {}
+    for path, keys, units in sources:
+        if path.is_dir():
+            continue
+        name = remembered.entry_name(path, keys, units)
+        if name is not None and not (folder / name).exists():
+            wanted[name] = (name, str(path), keys, units)
+            # the command's reading asks by this, and so hashes the file once
+            entries[remembered.ReadElsewhere.reading(path, keys, units)] = name
+    if not wanted:
+        return
+    process = subprocess.Popen(
+        [sys.executable, "-m", __name__],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    note_helper(process.pid)  # its CPU is the command's own, not another job's
+    try:
+        process.stdin.write(pickle.dumps((str(folder), list(wanted.values()))))
+        process.stdin.close()
+    except OSError:  # it died at once: the command reads the files itself
+        pass
+    remembered.ReadElsewhere.process = process
+    remembered.ReadElsewhere.entries = entries
+
+
+def main() -> None:
+    folder, wanted = pickle.loads(sys.stdin.buffer.read())
+    # vesin (close pairs) takes numpy arrays here, and would import torch if it could
+    with unimported("torch", "cupy"):
+        from .extxyz import read_file
+    for name, path, keys, units in wanted:
+        read = functools.partial(read_file, Path(path), keys, units)
+        remembered.read_and_keep(Path(folder), Path(folder) / name, read)
+
+
+if __name__ == "__main__":
+    main()
