@@ -97,8 +97,9 @@ class ReadElsewhere:
 
     @classmethod
     def waited(cls, path: Path, keys: TargetKeys, units: Units) -> str | None:
-        """The entry's name, once the child has ended, if it reads this file so."""
-        name = cls.entries.get(cls.reading(path, keys, units))
+        """The entry's name, once the child has ended, if it reads this file so; asked
+        once (a later reading of the file hashes it again)."""
+        name = cls.entries.pop(cls.reading(path, keys, units), None)
         if name is not None and cls.process is not None:
             cls.process.wait()
             forget_helper(cls.process.pid)
