@@ -113,8 +113,6 @@ def test_every_architectures_options_are_checked_without_importing_torch():
     a mistake in it is said at once: the options modules, the architecture packages'
     ``__init__`` and ``options`` modules and the registry's lookups of them import no
     torch, for every registered architecture."""
-    import subprocess
-    import sys
 
     from atomtrain.models import registry
 
@@ -127,9 +125,7 @@ def test_every_architectures_options_are_checked_without_importing_torch():
         "    registry.training_defaults(name), registry.start_file_key(name)\n"
         "print(sorted(name for name in sys.modules if name.split('.')[0] == 'torch'))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert printed_by_a_new_python(script) == "[]"
     assert len(registry.known()) >= 3
 
 
@@ -139,9 +135,6 @@ def test_a_soap_bpnn_run_imports_neither_ases_readers_nor_scipys_heavy_parts():
     when the data cache holds the file: data/remembered.py), nor scipy's spatial or
     optimize packages (0.2-0.3 s each), which only PET's augmentation uses, nor
     scipy.special (0.13 s; SOAP's radial basis writes out the Bessel functions it needs)."""
-    import subprocess
-    import sys
-
     script = (
         "import sys\n"
         "import atomtrain.cli.train_run, atomtrain.training.loop, atomtrain.models.export\n"
@@ -150,23 +143,26 @@ def test_a_soap_bpnn_run_imports_neither_ases_readers_nor_scipys_heavy_parts():
         "         'scipy.special')\n"
         "print(sorted(name for name in heavy if name in sys.modules))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert printed_by_a_new_python(script) == "[]"
 
 
 def test_the_reader_of_files_alongside_a_commands_imports_needs_no_torch():
     """data/ahead.py's child reads a file while the command imports torch: its modules
     import without torch (vesin's optional import of it is refused there)."""
-    import subprocess
-    import sys
-
     script = (
         "import sys\nfrom atomtrain.runtime import unimported\n"
         "with unimported('torch', 'cupy'):\n"
         "    import atomtrain.data.ahead, atomtrain.data.extxyz\n"
         "print('torch' in sys.modules)\n"
     )
+    assert printed_by_a_new_python(script) == "False"
+
+
+def printed_by_a_new_python(script: str) -> str:
+    """What ``script`` prints in a Python process of its own (nothing imported before)."""
+    import subprocess
+    import sys
+
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    return result.stdout.strip()

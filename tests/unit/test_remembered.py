@@ -94,10 +94,7 @@ def test_a_file_read_before_is_read_without_importing_ases_readers(tmp_path, cac
         f"frames = read_structures({str(path)!r})\n"
         "print(len(frames), 'ase.io' in sys.modules)"
     )
-    env = {**environment(), remembered.VARIABLE: str(cache)}
-    result = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
-    )
+    result = run_with_cache(probe, cache)
     assert result.stdout.split() == ["3", "False"]
 
 
@@ -172,10 +169,7 @@ def test_a_file_not_read_before_is_read_by_a_child_while_the_command_imports(
         f"frames = read_structures({str(path)!r}, keys)\n"
         "print(len(frames), 'ase.io' in sys.modules)"
     )
-    env = {**environment(), remembered.VARIABLE: str(cache)}
-    result = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
-    )
+    result = run_with_cache(probe, cache)
     assert result.stdout.split() == ["False", "3", "False"]
     assert "1 structure(s) have atoms closer than" in result.stderr  # given again
     assert len(list(cache.glob("*.npz"))) == 1
@@ -202,3 +196,11 @@ def test_a_file_the_child_cannot_read_is_read_and_named_by_the_command(
         read_structures(path, KEYS)
     assert remembered.ReadElsewhere.process.returncode != 0
     assert not list(cache.glob("*.npz"))
+
+
+def run_with_cache(script: str, cache) -> subprocess.CompletedProcess:
+    """``script`` in a Python process of its own, with the data cache in ``cache``."""
+    env = {**environment(), remembered.VARIABLE: str(cache)}
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
