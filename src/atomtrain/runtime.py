@@ -10,6 +10,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -289,3 +290,14 @@ def unimported(*names: str) -> Iterator[None]:
         for name in blocked:
             if name in sys.modules and sys.modules[name] is None:
                 del sys.modules[name]
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this child (SIGKILL) when its parent dies, even by SIGKILL,
+    which leaves the parent no time to stop it; elsewhere the parent's own cleanup has
+    to do. The caller checks os.getppid() afterwards: the parent may have died before."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import ase
 import ase.io
@@ -17,7 +18,7 @@ import pytest
 from atomtrain.data import TargetKeys, Units, read_structures, remembered
 from atomtrain.targets import TargetSpec
 
-from conftest import RESOURCES
+from conftest import EXAMPLES, RESOURCES
 from helpers import environment
 
 SPECS = (
@@ -198,9 +199,32 @@ def test_a_file_the_child_cannot_read_is_read_and_named_by_the_command(
     assert not list(cache.glob("*.npz"))
 
 
-def run_with_cache(script: str, cache) -> subprocess.CompletedProcess:
+def run_with_cache(script: str, cache, check: bool = True) -> subprocess.CompletedProcess:
     """``script`` in a Python process of its own, with the data cache in ``cache``."""
     env = {**environment(), remembered.VARIABLE: str(cache)}
     return subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=check
     )
+
+
+def test_a_command_that_ends_before_its_reading_leaves_no_reader_behind(tmp_path, cache):
+    """The child dies with the command (an options mistake found after the imports, a
+    scheduler's kill): it does not parse a large file for nobody."""
+    frames = ase.io.read(EXAMPLES / "ethanol" / "ethanol_1000.xyz", ":")
+    path = tmp_path / "large.xyz"
+    ase.io.write(path, frames * 8)  # seconds of parsing
+    probe = (
+        "import os\nfrom pathlib import Path\n"
+        "from atomtrain.data import TargetKeys, Units, remembered\n"
+        "from atomtrain.data.ahead import read_ahead\n"
+        f"read_ahead([(Path({str(path)!r}), TargetKeys(), Units())])\n"
+        "print(remembered.ReadElsewhere.process.pid, flush=True)\n"
+        "import time; time.sleep(1.0)\n"  # the child is reading by now
+        "os._exit(2)\n"
+    )
+    child = int(run_with_cache(probe, cache, check=False).stdout)
+    deadline = time.monotonic() + 2.0
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child}")
+    assert not list(cache.glob("*.npz"))

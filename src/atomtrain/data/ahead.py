@@ -13,12 +13,13 @@ file itself and says what is wrong, as without the child.
 from __future__ import annotations
 
 import functools
+import os
 import pickle
 import subprocess
 import sys
 from pathlib import Path
 
-from ..runtime import note_helper, unimported
+from ..runtime import die_with_parent, note_helper, unimported
 from . import remembered
 from .conventions import TargetKeys, Units
 
@@ -49,7 +50,7 @@ def read_ahead(sources: list[tuple[Path, TargetKeys, Units]]) -> None:
     )
     note_helper(process.pid)  # its CPU is the command's own, not another job's
     try:
-        process.stdin.write(pickle.dumps((str(folder), list(wanted.values()))))
+        process.stdin.write(pickle.dumps((os.getpid(), str(folder), list(wanted.values()))))
         process.stdin.close()
     except OSError:  # it died at once: the command reads the files itself
         pass
@@ -58,7 +59,10 @@ def read_ahead(sources: list[tuple[Path, TargetKeys, Units]]) -> None:
 
 
 def main() -> None:
-    folder, wanted = pickle.loads(sys.stdin.buffer.read())
+    parent, folder, wanted = pickle.loads(sys.stdin.buffer.read())
+    die_with_parent()  # a command that ends before its reading leaves no reader behind
+    if os.getppid() != parent:  # it ended before the request above
+        return
     # vesin (close pairs) takes numpy arrays here, and would import torch if it could
     with unimported("torch", "cupy"):
         from .extxyz import read_file

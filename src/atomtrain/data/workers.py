@@ -9,7 +9,6 @@ dead worker is named, a failed one stops the others, and workers die with the pa
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -22,9 +21,8 @@ from typing import Any
 import torch
 
 from ..errors import EXIT_PROCESS_LOST, AtomtrainError
+from ..runtime import die_with_parent
 from ..signals import EXIT_STOPPED, STOP_SIGNALS, give_back_signals, take_stop_signals
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class ConversionStopped(AtomtrainError):
@@ -147,7 +145,7 @@ def _work(function: Callable, job: tuple, sender, parent: int) -> None:
         # the parent stops the workers (SIGKILL): a Ctrl-C or scancel reaches every
         # process, and a worker dying of it first would read as a lost worker
         signal.signal(number, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != parent:  # it died before the request above
         os._exit(1)
     # one thread, as torch's DataLoader workers: a forked child must not use the
@@ -161,10 +159,3 @@ def _work(function: Callable, job: tuple, sender, parent: int) -> None:
         sender.send(message)
     except Exception as error:  # an error that does not pickle
         sender.send(("error", RuntimeError(f"{type(message[1]).__name__}: {error}")))
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this worker when its parent dies (SIGKILL leaves it no time to
-    stop its workers); elsewhere the parent's own cleanup has to do."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
