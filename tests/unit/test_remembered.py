@@ -185,8 +185,7 @@ def test_a_file_the_child_cannot_read_is_read_and_named_by_the_command(
     from atomtrain.data.ahead import read_ahead
     from atomtrain.errors import DataError
 
-    monkeypatch.setattr(remembered.ReadElsewhere, "process", None)
-    monkeypatch.setattr(remembered.ReadElsewhere, "entries", {})
+    forget_earlier_readings(monkeypatch)
     path = rich_file(tmp_path / "rich.xyz")
     lines = path.read_text().splitlines(keepends=True)
     lines[7] = lines[7].replace("0.00000000", "abc", 1)  # frame 1's first atom
@@ -228,3 +227,29 @@ def test_a_command_that_ends_before_its_reading_leaves_no_reader_behind(tmp_path
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{child}")
     assert not list(cache.glob("*.npz"))
+
+
+def test_a_file_read_before_is_hashed_once_for_the_command_and_read_by_no_child(
+    tmp_path, cache, monkeypatch
+):
+    from atomtrain.data.ahead import read_ahead
+
+    forget_earlier_readings(monkeypatch)
+    path = rich_file(tmp_path / "rich.xyz")
+    first = read_structures(path, KEYS).parts[0]
+    hashed = []
+    entry_name = remembered.entry_name
+    monkeypatch.setattr(
+        remembered, "entry_name", lambda *reading: hashed.append(reading) or entry_name(*reading)
+    )
+    read_ahead([(path, KEYS, Units())])
+    assert remembered.ReadElsewhere.process is None  # nothing to read
+    assert_same_frames(read_structures(path, KEYS).parts[0], first)
+    assert len(hashed) == 1
+
+
+def forget_earlier_readings(monkeypatch) -> None:
+    """No names or child of another test's read_ahead in this process (restored after)."""
+    monkeypatch.setattr(remembered.ReadElsewhere, "names", {})
+    monkeypatch.setattr(remembered.ReadElsewhere, "process", None)
+    monkeypatch.setattr(remembered.ReadElsewhere, "written", frozenset())

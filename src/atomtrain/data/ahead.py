@@ -5,9 +5,10 @@ of their import (ASE's trajectory module brings much of scipy), then about 1 ms 
 structure. A training command hands such files to a child process as it starts
 (:func:`read_ahead`); the child reads them into the cache while the command imports
 torch (1-1.5 s), and the command's own reading waits for the child and finds them there
-(remembered.ReadElsewhere). The child imports neither torch nor the trainer. Where it
-fails (a file ASE cannot read, a cache that cannot be written), the command reads the
-file itself and says what is wrong, as without the child.
+(remembered.ReadElsewhere; every file is hashed once for the command). The child imports
+neither torch nor the trainer. Where it fails (a file ASE cannot read, a cache that
+cannot be written), the command reads the file itself and says what is wrong, as
+without the child.
 """
 
 from __future__ import annotations
@@ -25,21 +26,19 @@ from .conventions import TargetKeys, Units
 
 
 def read_ahead(sources: list[tuple[Path, TargetKeys, Units]]) -> None:
-    """Start a child reading, into the data cache, those of ``sources`` (file, keys,
-    units) that it lacks: files it keeps, not directories, not read before."""
+    """Name the cache's entries of ``sources`` (file, keys, units) for the command's
+    readings, and start a child reading those the cache lacks: files it keeps, not
+    directories, not read before."""
     folder = remembered.cache_folder()
-    if folder is None or remembered.ReadElsewhere.process is not None:
+    if folder is None:
         return
-    wanted: dict[str, tuple[str, str, TargetKeys, Units]] = {}
-    entries: dict[str, str] = {}
+    names = {}
     for path, keys, units in sources:
-        if path.is_dir():
-            continue
-        name = remembered.entry_name(path, keys, units)
-        if name is not None and not (folder / name).exists():
-            wanted[name] = (name, str(path), keys, units)
-            # the command's reading asks by this, and so hashes the file once
-            entries[remembered.ReadElsewhere.reading(path, keys, units)] = name
+        name = None if path.is_dir() else remembered.entry_name(path, keys, units)
+        if name is not None:
+            names[(str(path), keys, units)] = name
+    remembered.ReadElsewhere.names = names
+    wanted = {name: reading for reading, name in names.items() if not (folder / name).exists()}
     if not wanted:
         return
     process = subprocess.Popen(
@@ -50,12 +49,12 @@ def read_ahead(sources: list[tuple[Path, TargetKeys, Units]]) -> None:
     )
     note_helper(process.pid)  # its CPU is the command's own, not another job's
     try:
-        process.stdin.write(pickle.dumps((os.getpid(), str(folder), list(wanted.values()))))
+        process.stdin.write(pickle.dumps((os.getpid(), str(folder), wanted)))
         process.stdin.close()
     except OSError:  # it died at once: the command reads the files itself
         pass
     remembered.ReadElsewhere.process = process
-    remembered.ReadElsewhere.entries = entries
+    remembered.ReadElsewhere.written = frozenset(wanted)
 
 
 def main() -> None:
@@ -66,7 +65,7 @@ def main() -> None:
     # vesin (close pairs) takes numpy arrays here, and would import torch if it could
     with unimported("torch", "cupy"):
         from .extxyz import read_file
-    for name, path, keys, units in wanted:
+    for name, (path, keys, units) in wanted.items():
         read = functools.partial(read_file, Path(path), keys, units)
         remembered.read_and_keep(Path(folder), Path(folder) / name, read)
 

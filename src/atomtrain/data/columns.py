@@ -174,11 +174,11 @@ class Frames:
 
     def neighbors(self, index: int, cutoff: float) -> NeighborList:
         """The neighbor list of structure ``index``, from the cache when it is there."""
-        from .neighbors import compute_neighbor_list
-
         key = (cutoff, index)
         cached = self.neighbor_lists.get(key)
         if cached is None:
+            from .neighbors import compute_neighbor_list  # torch's, as the search needs it
+
             cached = compute_neighbor_list(
                 self.positions_of(index), self.cell_of(index), self.pbc[index], cutoff
             )

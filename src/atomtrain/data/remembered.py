@@ -85,22 +85,20 @@ def reading_code() -> bytes:
 
 
 class ReadElsewhere:
-    """A child process reading files into the cache (data/ahead.py), and the entry of
-    each: a command's reading of one of them waits for it."""
+    """The entries a command named as it started (data/ahead.py), each file hashed once
+    for the command, and the child process reading the missing ones into the cache: a
+    reading takes its entry's name from here, and waits for the child if it writes it."""
 
+    names: dict[tuple[str, TargetKeys, Units], str] = {}  # (file, keys, units) -> entry
     process: subprocess.Popen | None = None
-    entries: dict[str, str] = {}  # reading (file, keys, units) -> its entry's name
-
-    @staticmethod
-    def reading(path: Path, keys: TargetKeys, units: Units) -> str:
-        return repr((str(path), keys, units))
+    written: frozenset[str] = frozenset()  # the entries the child writes
 
     @classmethod
-    def waited(cls, path: Path, keys: TargetKeys, units: Units) -> str | None:
-        """The entry's name, once the child has ended, if it reads this file so; asked
-        once (a later reading of the file hashes it again)."""
-        name = cls.entries.pop(cls.reading(path, keys, units), None)
-        if name is not None and cls.process is not None:
+    def entry_of(cls, path: Path, keys: TargetKeys, units: Units) -> str | None:
+        """The entry named at the start, once the child has written it; asked once (a
+        later reading of the file hashes it again)."""
+        name = cls.names.pop((str(path), keys, units), None)
+        if name in cls.written and cls.process is not None:
             cls.process.wait()
             forget_helper(cls.process.pid)
         return name
@@ -114,7 +112,7 @@ def read_remembered(
     folder = cache_folder()
     if folder is None:
         return read()
-    name = ReadElsewhere.waited(path, keys, units) or entry_name(path, keys, units)
+    name = ReadElsewhere.entry_of(path, keys, units) or entry_name(path, keys, units)
     if name is None:
         return read()
     entry = folder / name
