@@ -2,6 +2,7 @@
 
     python benchmarks/compiled_step.py [--cases soap_ethanol,soap_silicon,mace_ethanol,pet_ethanol]
         [--batch 8] [--steps 20] [--rounds 5] [--threads 2] [--device cpu|cuda]
+        [--static]
 
 Each case builds its architecture as its example options file sets it (examples/...),
 in float32, and times whole training steps (predictions with forces and, on silicon,
@@ -10,7 +11,11 @@ set, cycling through it. Eager and compiled steps alternate, ``--steps`` of each
 round, so that a change of the machine's load falls on both; the median step of each
 is printed with their ratio, and the seconds the first compilation took (run it twice
 to see the cache warm: TORCHINDUCTOR_CACHE_DIR, else ~/.cache/atomtrain/torchinductor).
-A benchmark: it measures and prints.
+``--static`` adds a third variant, graphs of static shapes per padded batch shape
+compiled with CUDA graphs (mode reduce-overhead; what a run on a GPU compiles), and on
+a GPU the compiled variant is the graph for every size: eager, dynamic and CUDA graphs
+side by side. On a CPU inductor skips the CUDA graphs, and the third variant measures
+padding and static shapes alone. A benchmark: it measures and prints.
 """
 
 from __future__ import annotations
@@ -48,7 +53,9 @@ def model_for(name: str, options_file: Path, types: list[int]):
     return new_model(name, types, 8.0, **section).set_precision(torch.float32)
 
 
-def run_case(case: str, batch_size: int, steps: int, rounds: int, device: str = "cpu") -> None:
+def run_case(
+    case: str, batch_size: int, steps: int, rounds: int, device: str = "cpu", static: bool = False
+) -> None:
     name, options_file, data = CASES[case]
     structures = read_structures(data)[: batch_size * steps]
     types = sorted({int(z) for structure in structures for z in structure.atomic_numbers})
@@ -62,8 +69,13 @@ def run_case(case: str, batch_size: int, steps: int, rounds: int, device: str = 
     parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=1e-5, fused=True)
     synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    compiled = CompiledPredictions(model, True, stress, required=False)
-    eager = lambda batch: predict(model, batch, True, stress, True)  # noqa: E731
+    compiled = CompiledPredictions(model, True, stress, required=False, static_shapes=False)
+    variants = {"eager": lambda batch: predict(model, batch, True, stress, True)}
+    variants["compiled"] = compiled
+    if static:
+        variants["static"] = CompiledPredictions(
+            model, True, stress, required=False, static_shapes=True
+        )
 
     def step(predictions, batch, counts):
         loss = batch_loss(predictions(batch), batch, LossOptions(), counts)
@@ -71,30 +83,39 @@ def run_case(case: str, batch_size: int, steps: int, rounds: int, device: str = 
         loss.backward(inputs=parameters)
         optimizer.step()
 
-    started = time.perf_counter()
-    step(compiled, *batches[0])  # compiles, and runs the first backward
-    first_step = time.perf_counter() - started
-    if compiled.failed is not None:
-        print(f"{case}: not compiled: {compiled.failed}", flush=True)
+    first_step = {}
+    for label, predictions in list(variants.items())[1:]:
+        started = time.perf_counter()
+        step(predictions, *batches[0])  # compiles, and runs the first backward
+        first_step[label] = time.perf_counter() - started
+        if predictions.failed is not None:
+            print(f"{case}: {label} not compiled: {predictions.failed}", flush=True)
+            del variants[label]
+    if len(variants) == 1:
         return
-    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    times: dict[str, list[float]] = {label: [] for label in variants}
     for _ in range(rounds):
-        for label, predictions in (("eager", eager), ("compiled", compiled)):
+        for label, predictions in variants.items():
             for batch, counts in batches:
                 start = time.perf_counter()
                 step(predictions, batch, counts)
                 synchronize()
                 times[label].append(time.perf_counter() - start)
     eager_ms = 1000 * statistics.median(times["eager"])
-    compiled_ms = 1000 * statistics.median(times["compiled"])
     print(
-        f"{case}: batch {batch_size}, float32, {device}; eager {eager_ms:.2f} ms, compiled "
-        f"{compiled_ms:.2f} ms per step (median of {len(times['eager'])}), compiled / "
-        f"eager {compiled_ms / eager_ms:.3f}; {compiled.compilations} compilations, "
-        f"{compiled.seconds:.1f} s (first step, with tracing, the check against the eager "
-        f"step and the backward: {first_step:.1f} s); {compiled.eager_batches} batches eager",
+        f"{case}: batch {batch_size}, float32, {device}; eager {eager_ms:.2f} ms per step "
+        f"(median of {len(times['eager'])})",
         flush=True,
     )
+    for label, predictions in list(variants.items())[1:]:
+        milliseconds = 1000 * statistics.median(times[label])
+        print(
+            f"  {label} {milliseconds:.2f} ms, / eager {milliseconds / eager_ms:.3f}; "
+            f"{predictions.compilations} compilations, {predictions.seconds:.1f} s (first "
+            f"step, with tracing, the check against the eager step and the backward: "
+            f"{first_step[label]:.1f} s); {predictions.eager_batches} batches eager",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -105,11 +126,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--static", action="store_true", help="also static shapes with CUDA graphs")
     arguments = parser.parse_args()
     torch.set_num_threads(arguments.threads)
     keep_freed_memory()  # as every atomtrain command does
     for case in arguments.cases.split(","):
-        run_case(case, arguments.batch, arguments.steps, arguments.rounds, arguments.device)
+        run_case(
+            case,
+            arguments.batch,
+            arguments.steps,
+            arguments.rounds,
+            arguments.device,
+            arguments.static,
+        )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@
 # 9. PET (when metatrain is installed): the GPU gives the CPU's results, the PET example
 #    trains on the GPU for two epochs, its metatomic export runs there, and its
 #    throughput at batch 8, 64 and 256.
+# 10. the compiled training step on the GPU (static shapes, CUDA graphs) gives the CPU's
+#     eager results, and its throughput against the eager step's.
 # Each step prints what it checked; the script stops at the first failure.
 set -euo pipefail
 
@@ -98,11 +100,23 @@ if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("met
 else
     echo "gpu_check: metatrain is not installed (pip install atomtrain[pet]); PET steps skipped"
 fi
-# 10. the compiled training step on the GPU: eager against compiled at batch 8, 64 and
-#     256 (each new graph is checked against the eager step on its first batch; the
-#     benchmark says when one is refused). Not yet run on a GPU.
+# 10. the compiled training step on the GPU: eager, the graph for every size, and graphs
+#     of static shapes replayed as CUDA graphs (mode reduce-overhead; what a compiled
+#     run on a GPU uses) at batch 8, 64 and 256, for each installed architecture; each
+#     new graph is checked against the eager step on its first batch (float32, 1e-3),
+#     and the benchmark says when one is refused. Not yet run on a GPU.
+CASES=soap_ethanol,soap_silicon
+if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("mace") is None)'; then
+    CASES="$CASES,mace_ethanol"
+fi
+if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("metatrain") is None)'; then
+    CASES="$CASES,pet_ethanol"
+fi
+for data in "$ROOT/examples/silicon/si_train.xyz" ethanol_1000.xyz; do
+    python "$ROOT/scripts/gpu_matches_cpu.py" "$data" --compiled --tolerance "$TOLERANCE"
+done
 for batch in 8 64 256; do
     python "$ROOT/benchmarks/compiled_step.py" --device cuda --batch "$batch" --steps 5 --rounds 2 \
-        --cases soap_ethanol,soap_silicon || echo "gpu_check: compiled step at batch $batch failed"
+        --static --cases "$CASES" || echo "gpu_check: compiled step at batch $batch failed"
 done
 echo "gpu_check: all steps passed"

@@ -2,7 +2,10 @@
 has it) and the parameter gradients of a force-training loss, in float64, on the first
 structures of DATA. Part of scripts/gpu_check.sh.
 
-    python scripts/gpu_matches_cpu.py DATA [--device cuda] [--structures 8]
+    python scripts/gpu_matches_cpu.py DATA [--device cuda] [--structures 8] [--compiled]
+
+``--compiled``: the device's predictions come from the compiled training step (on a GPU
+its graphs of static shapes, replayed as CUDA graphs), the CPU's from the eager one.
 
 (``--device cpu`` runs the same comparison against a second CPU copy: a check of the
 script itself on a machine without a GPU.)
@@ -21,6 +24,7 @@ from atomtrain.models import registry
 from atomtrain.models.energy_model import EnergyModel
 from atomtrain.options import LossOptions
 from atomtrain.training.batches import global_counts
+from atomtrain.training.compiled import CompiledPredictions
 from atomtrain.training.evaluation import predict
 from atomtrain.training.losses import batch_loss
 
@@ -29,14 +33,20 @@ TOLERANCE = 1e-9  # relative to the largest value of each quantity
 SMALL_SECTIONS = {"mace": {"hidden_irreps": "16x0e + 16x1o", "max_ell": 2, "correlation": 2}}
 
 
-def results_on(model: EnergyModel, structures, device: str) -> dict[str, torch.Tensor]:
-    """Predictions and the loss's parameter gradients, computed on ``device``, on the CPU."""
+def results_on(
+    model: EnergyModel, structures, device: str, compiled: bool = False
+) -> dict[str, torch.Tensor]:
+    """Predictions and the loss's parameter gradients, computed on ``device`` (by the
+    compiled training step when ``compiled``), on the CPU."""
     model = model.to(device)
     if device != "cpu":
         model.use_kernels_for(torch.device(device))  # MACE: cuequivariance when asked
     batch = collate(structures, model.cutoff).to(device, torch.float64)
     stress = batch.stress is not None
-    predictions = predict(model, batch, True, stress, create_graph=True)
+    if compiled:
+        predictions = CompiledPredictions(model, True, stress, required=True)(batch)
+    else:
+        predictions = predict(model, batch, True, stress, create_graph=True)
     counts = global_counts(FrameSet.from_structures(structures), list(range(len(structures))))
     loss = batch_loss(predictions, batch, LossOptions(), counts)
     parameters = list(model.parameters())
@@ -60,6 +70,11 @@ def main() -> int:
         help="MACE on cuequivariance's kernels on the device (e3nn's on the CPU): its "
         "parameters are laid out otherwise, so predictions only are compared",
     )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="the device's results from the compiled training step (the CPU's eager)",
+    )
     arguments = parser.parse_args()
     structures = read_structures(arguments.data)[: arguments.structures]
     types = sorted({int(z) for structure in structures for z in structure.atomic_numbers})
@@ -70,7 +85,7 @@ def main() -> int:
     model = registry.new_model(arguments.architecture, types, **section)
     model.set_precision(torch.float64)
     reference = results_on(copy.deepcopy(model), structures, "cpu")
-    other = results_on(copy.deepcopy(model), structures, arguments.device)
+    other = results_on(copy.deepcopy(model), structures, arguments.device, arguments.compiled)
     worst = 0.0
     if arguments.cueq:
         reference = {name: value for name, value in reference.items() if name in other}
@@ -82,7 +97,7 @@ def main() -> int:
             print(f"gpu_matches_cpu: {name} differs by {difference:.2e} (relative)")
     print(
         f"gpu_matches_cpu: {arguments.architecture}, {arguments.data}, "
-        f"{len(structures)} structures, "
+        f"{len(structures)} structures, {'compiled ' if arguments.compiled else ''}"
         f"{arguments.device} against cpu: largest relative difference {worst:.2e} "
         f"over {len(reference)} quantities"
     )

@@ -287,10 +287,11 @@ class TrainingOptions(Strict):
     """Compile the training step (training/compiled.py): the forward pass with its forces
     and stress traced into one graph and compiled by inductor, for batches of every size
     (or, for a model that holds a size constant, MACE, per shape of batches padded to a
-    few sizes). Each new graph is checked against the eager step on its first batch and
-    refused when it disagrees, so the model trained is the eager one's to rounding.
-    ``true``: a model that cannot be compiled is an error; ``false``: never; ``auto``:
-    on CPU, for runs long enough to repay the compilation where docs/performance.md
+    few sizes). On a GPU, per padded batch shape, each replayed as CUDA graphs (mode
+    reduce-overhead; not yet measured on a GPU). Each new graph is checked against the
+    eager step on its first batch and refused when it disagrees, so the model trained is
+    the eager one's to rounding. ``true``: a model that cannot be compiled is an error;
+    ``false``: never; ``auto``: on CPU, for runs long enough to repay the compilation where docs/performance.md
     measured a gain (all three architectures), else eager; the log says which. A stop
     signal during a compilation gives it up: that step runs eagerly and the checkpoint
     follows it."""

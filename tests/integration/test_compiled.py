@@ -206,3 +206,68 @@ def test_a_stop_during_the_compilation_checkpoints_without_waiting_for_it(tmp_pa
     )
     state = torch.load(run / "last.ckpt", weights_only=True)
     assert (state["epoch"], state["step"]) == (0, 1)
+
+
+def test_static_shapes_pad_batches_to_a_few_graphs_compiled_for_cuda_graphs():
+    """The path a GPU takes (CUDA graphs, which replay one shape each), here on the CPU,
+    where inductor skips the CUDA graphs and everything else is the same: ten batches
+    of ethanol with five numbers of pairs run through two graphs, each compiled once,
+    for its exact sizes, with torch.compile's reduce-overhead options on; padding
+    changes no prediction nor gradient (float64, 1e-10). AOT autograd stands for
+    inductor's code generation, as in the architectures' compiled check."""
+    import ase.io
+    from torch._dynamo.backends.debugging import aot_eager
+    from torch._inductor import config as inductor_config
+
+    from atomtrain.data import collate
+    from atomtrain.models.registry import new_model
+    from atomtrain.training.evaluation import predict
+
+    from helpers import structure_from_atoms
+
+    cutoff = 3.5  # pairs of a molecule within it vary from conformer to conformer
+    model = new_model(
+        "soap_bpnn",
+        [1, 6, 8],
+        cutoff,
+        soap={"cutoff": {"radius": cutoff, "width": 0.5}, "max_radial": 2, "max_angular": 2},
+        bpnn={"num_hidden_layers": 1, "num_neurons_per_layer": 8},
+    ).set_precision(torch.float64)
+    compilations = []
+
+    def compiler(graph, example_inputs):
+        # the sizes dynamo traced the graph with: symbols where compiled for any size
+        values = [node.meta["example_value"] for node in graph.graph.find_nodes(op="placeholder")]
+        sizes = [size for value in values for size in getattr(value, "shape", [value])]
+        compilations.append((inductor_config.triton.cudagraphs, sizes))
+        return aot_eager(graph, example_inputs)
+
+    compiled = compiled_module.CompiledPredictions(
+        model, True, False, required=True, compiler=compiler, static_shapes=True
+    )
+    structures = [structure_from_atoms(atoms) for atoms in ase.io.read(ETHANOL, ":")]
+    parameters = list(model.parameters())
+    pair_counts = set()
+    for first in range(0, len(structures), 4):
+        batch = collate(structures[first : first + 4], cutoff).to("cpu", torch.float64)
+        pair_counts.add(int(batch.pair_first.shape[0]))
+        found = {}
+        for label, predictions in (
+            ("eager", predict(model, batch, True, False, True)),
+            ("compiled", compiled(batch)),
+        ):
+            loss = (predictions["energy"] ** 2).sum() + 0.7 * (predictions["forces"] ** 2).sum()
+            gradients = torch.autograd.grad(loss, parameters)
+            found[label] = [predictions["energy"].detach(), predictions["forces"].detach()]
+            found[label] += list(gradients)
+        for eager, static in zip(found["eager"], found["compiled"]):
+            assert eager.shape == static.shape
+            assert float((static - eager).abs().max()) <= 1e-10 * float(eager.abs().max())
+    assert len(pair_counts) == 5
+    assert compiled.eager_batches == 0 and compiled.failed is None
+    assert compiled.dynamic is None and len(compiled.shaped.graphs) == 2
+    assert compiled.compilations == 2
+    # each compiled with CUDA graphs asked for (dynamo's retried analysis of its first
+    # graph calls the compiler once more), for sizes that are numbers, not symbols
+    assert {cuda_graphs for cuda_graphs, _ in compilations} == {True}
+    assert all(isinstance(size, int) for _, sizes in compilations for size in sizes)

@@ -14,6 +14,11 @@ The graph is traced twice, for the batch and for the batch with its last structu
 twice. Graphs that differ held a size as a constant (MACE's e3nn code does): the step
 is then compiled per batch shape instead, batches padded to a few sizes
 (training/padding.py), for at most MOST_SHAPES shapes.
+
+On a GPU every architecture takes that second path with static shapes, and each
+shape's graph is compiled as ``torch.compile(mode="reduce-overhead")`` compiles: its
+forward and backward replayed as CUDA graphs, which take one shape each and launch a
+step's hundreds of small kernels at once (STATIC_SHAPES_MODE).
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ logger = logging.getLogger(LOGGER_NAME)
 
 # at most this many batch shapes get a graph of their own (ShapedSteps)
 MOST_SHAPES = 8
+# how graphs of static shapes are compiled: torch.compile's mode for CUDA graphs
+STATIC_SHAPES_MODE = "reduce-overhead"
 
 
 class CompilationFailed(Exception):
@@ -323,13 +330,15 @@ class DynamicStep(TracedStep):
 
 
 class ShapedSteps(TracedStep):
-    """A graph per batch shape, for models whose graph holds a size as a constant:
-    batches padded to a few sizes (training/padding.py), each shape traced with its
-    numbers and compiled by inductor, at most MOST_SHAPES of them."""
+    """A graph per batch shape, for models whose graph holds a size as a constant and
+    for CUDA graphs (``static``): batches padded to a few sizes (training/padding.py),
+    each shape traced with its numbers and compiled by inductor, at most MOST_SHAPES of
+    them. ``static``: compiled for exactly that shape (no symbols left)."""
 
-    def __init__(self, model, batch, forces, stress, compiler):
+    def __init__(self, model, batch, forces, stress, compiler, static: bool = False):
         super().__init__(model, batch, forces, stress)
         self.compiler = compiler
+        self.static = static
         self.graphs: dict[BatchShape, Callable] = {}
         self.said_full = False
 
@@ -350,22 +359,28 @@ class ShapedSteps(TracedStep):
             arguments = self.arguments(whole)
             traced = self.trace(arguments, "symbolic", shape.sizes)
             graph = torch.compile(
-                without_numel(traced), backend=self.compiler, dynamic=True, fullgraph=True
+                without_numel(traced),
+                backend=self.compiler,
+                dynamic=not self.static,
+                fullgraph=True,
             )
             self.graphs[shape] = graph
         return self.cut(self.outputs(graph(*self.arguments(whole))), batch)
 
     def cut(self, outputs: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
-        """The outputs of a padded batch's own structures and atoms."""
+        """The outputs of a padded batch's own structures and atoms. Of static shapes,
+        copies: a CUDA graph's next replay writes its outputs where the last left theirs,
+        under anything (metrics, a caller) still holding them."""
         model = self.model
         per_atom = {"forces"} | {
             name for name, atoms in zip(model.target_names, model.per_atom_targets) if atoms
         }
         n_atoms, n_structures = int(batch.positions.shape[0]), batch.n_structures
-        return {
+        cut = {
             name: values[: n_atoms if name in per_atom else n_structures]
             for name, values in outputs.items()
         }
+        return {name: values.clone() for name, values in cut.items()} if self.static else cut
 
 
 class CompiledPredictions:
@@ -382,11 +397,16 @@ class CompiledPredictions:
         stress: bool,
         required: bool,
         compiler: Callable | None = None,
+        static_shapes: bool | None = None,
     ):
         """``compiler``: what compiles a traced graph (graph, example inputs) instead of
-        inductor (tests pass AOT autograd without code generation, in seconds)."""
+        inductor (tests pass AOT autograd without code generation, in seconds).
+        ``static_shapes``: graphs per padded batch shape, compiled for CUDA graphs
+        (STATIC_SHAPES_MODE); None: on a GPU, not on a CPU (where inductor would skip
+        the CUDA graphs, and the graph for every size is one compilation)."""
         self.model = model
         self.compiler = compiler
+        self.static_shapes = static_shapes
         self.forces = forces
         self.stress = stress
         self.required = required
@@ -409,10 +429,12 @@ class CompiledPredictions:
                 with self.stop.raised_here() if self.stop else contextlib.nullcontext():
                     found = self.compiled(batch)
                     if found is not None and self.compilations > self.verified:
-                        # on outputs of their own: a compiled backward runs once (its
-                        # buffers are donated), and the step's loss needs its own
-                        self.verify(batch, self.compiled(batch))
+                        self.verify(batch, found)
                         self.verified = self.compilations
+                        # the step's loss needs outputs of its own: a compiled backward
+                        # runs once (its buffers are donated), and a CUDA graph's
+                        # forward is followed by its backward before it runs again
+                        found = self.compiled(batch)
                 if found is not None:
                     return found
             except StopArrived as arrived:
@@ -437,6 +459,16 @@ class CompiledPredictions:
         return predict(self.model, batch, self.forces, self.stress, True)
 
     def compiled(self, batch: Batch) -> dict[str, torch.Tensor] | None:
+        if self.static_shapes is None:
+            self.static_shapes = batch.positions.device.type == "cuda"
+        if self.shaped is None and self.static_shapes:
+            logger.info(
+                "the training step is compiled per batch shape, each for CUDA graphs "
+                f"(mode {STATIC_SHAPES_MODE}; batches padded to a few sizes)"
+            )
+            self.shaped = ShapedSteps(
+                self.model, batch, self.forces, self.stress, self.compile_shape, static=True
+            )
         if self.shaped is not None:
             return self.shaped(batch)
         sizes = batch_sizes(self.model, batch)
@@ -523,10 +555,12 @@ class CompiledPredictions:
         return self.inductor(graph, example_inputs, f"for {shape}")
 
     def inductor(self, graph: torch.fx.GraphModule, example_inputs: list[Any], what: str):
+        from torch._inductor import config, list_mode_options
         from torch._inductor.compile_fx import compile_fx
 
+        mode = list_mode_options(STATIC_SHAPES_MODE) if self.static_shapes else {}
         started = time.perf_counter()
-        with deterministic_lowering():
+        with deterministic_lowering(), config.patch(mode):
             compiled = (self.compiler or compile_fx)(graph, example_inputs)
         seconds = time.perf_counter() - started
         self.compilations += 1
