@@ -3,12 +3,13 @@ structures, as a hyperparameter scan or a fine-tuning runs it, from the command 
 process's end, phase by phase as the log's last line gives them.
 
     python benchmarks/short_run.py [--repeats 5] [--epochs 5] [--structures 200]
-                                   [--data-cache warm|cold]
+                                   [--data-cache warm|cold] [--nproc N]
 
 Each repeat runs ``atomtrain train options.yaml -o model.pt`` in a fresh process (the
 console script, as a user runs it) and measures its wall time from outside; the phases
 come from the run's "time by phase" line. Prints the median of each over the repeats,
-and the time outside the epochs. Measures and prints; asserts nothing.
+and the time outside the epochs. ``--nproc N``: the command launches N processes
+(``atomtrain train --nproc N``). Measures and prints; asserts nothing.
 """
 
 from __future__ import annotations
@@ -53,12 +54,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--structures", type=int, default=200)
     parser.add_argument("--data-cache", choices=("warm", "cold"), default="warm")
+    parser.add_argument("--nproc", type=int, default=None)
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         directory = Path(name)
         options = prepare(directory, arguments.structures, arguments.epochs)
         environment = {**os.environ, "ATOMTRAIN_DATA_CACHE": str(directory / "cache")}
         command = ["atomtrain", "train", str(options), "-o", "model.pt"]
+        if arguments.nproc is not None:
+            command += ["--nproc", str(arguments.nproc)]
         if arguments.data_cache == "warm":
             subprocess.run(
                 [*command, "--check"],
@@ -83,7 +87,8 @@ def main() -> None:
     names = list(runs[0])
     print(
         f"\n{arguments.epochs} epochs on {arguments.structures} ethanol structures, "
-        f"median of {arguments.repeats} runs, data cache {arguments.data_cache}:"
+        f"median of {arguments.repeats} runs, data cache {arguments.data_cache}"
+        f"{'' if arguments.nproc is None else f', {arguments.nproc} processes'}:"
     )
     print(f"  {'wall time of the command':<28}{statistics.median(walls):8.2f} s")
     for name in names:

@@ -253,3 +253,35 @@ def forget_earlier_readings(monkeypatch) -> None:
     monkeypatch.setattr(remembered.ReadElsewhere, "names", {})
     monkeypatch.setattr(remembered.ReadElsewhere, "process", None)
     monkeypatch.setattr(remembered.ReadElsewhere, "written", frozenset())
+
+
+def test_the_nproc_launcher_reads_ahead_and_starts_its_processes_once_the_files_are_kept(
+    tmp_path, cache, monkeypatch
+):
+    """``--nproc N``: the launcher hands a file not read before to the child, as one
+    process does, and starts its processes after the child has kept it: each then loads
+    the entry instead of all parsing the file at once."""
+    import shutil
+
+    from atomtrain import runtime
+    from atomtrain.cli import train_run
+    from atomtrain.cli.main import main
+
+    from helpers import write_options
+
+    forget_earlier_readings(monkeypatch)
+    monkeypatch.setattr(runtime._Process, "runs_one_command", True)  # as the command line
+    data = tmp_path / "ethanol.xyz"
+    shutil.copy(RESOURCES / "ethanol_40.xyz", data)
+    options = write_options(tmp_path, data)
+    found = []
+
+    def launch_workers(*_):
+        found.append(sorted(path.name for path in cache.glob("*.npz")))
+        return 0
+
+    monkeypatch.setattr(train_run, "launch_workers", launch_workers)
+    code = main(["train", str(options), "--nproc", "2", "--outputs", str(tmp_path / "out")])
+    assert code == 0
+    assert remembered.ReadElsewhere.process is not None
+    assert found == [[remembered.ReadElsewhere.names[(str(data), TargetKeys(), Units())]]]

@@ -47,7 +47,7 @@ def run(arguments: argparse.Namespace) -> int:
         )
     if runs_one_command() and draws_figures_here(arguments, options, launch):
         start_early()  # matplotlib's import alongside torch's
-    if runs_one_command() and launch.world_size == 1:
+    if runs_one_command() and (launch.world_size == 1 or launch.kind == "spawn"):
         read_ahead(readings(options))  # files not read before, alongside torch's import
     from . import train_run  # torch and the trainer
 

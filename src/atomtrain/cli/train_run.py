@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.ahead import finish_reading
 from ..distributed import single_process
 from ..distributed.context import check_gpus_per_host, device_type, initialize
 from ..distributed.env import LaunchInfo
@@ -71,6 +72,7 @@ def run(arguments: argparse.Namespace, options: Options, launch: LaunchInfo) -> 
     if launch.kind == "spawn":
         if device_type(options.device) == "cuda":
             check_gpus_per_host(launch.world_size)  # once here rather than in every worker
+        finish_reading()  # the processes find the files read ahead in the cache
         return launch_workers(
             strip_nproc(arguments.argv),
             launch.world_size,

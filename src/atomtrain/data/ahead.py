@@ -8,7 +8,9 @@ torch (1-1.5 s), and the command's own reading waits for the child and finds the
 (remembered.ReadElsewhere; every file is hashed once for the command). The child imports
 neither torch nor the trainer. Where it fails (a file ASE cannot read, a cache that
 cannot be written), the command reads the file itself and says what is wrong, as
-without the child.
+without the child. ``--nproc N``'s launcher does the same and waits for the child
+before it starts its processes (:func:`finish_reading`): each then finds the files in
+the cache instead of all reading them at once.
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ def read_ahead(sources: list[tuple[Path, TargetKeys, Units]]) -> None:
         pass
     remembered.ReadElsewhere.process = process
     remembered.ReadElsewhere.written = frozenset(wanted)
+
+
+def finish_reading() -> None:
+    """Wait for the child reading files into the cache, if one was started: processes
+    this one starts then find them there."""
+    process = remembered.ReadElsewhere.process
+    if process is not None:
+        process.wait()
 
 
 def main() -> None:
