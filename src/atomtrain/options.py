@@ -291,10 +291,10 @@ class TrainingOptions(Strict):
     reduce-overhead; not yet measured on a GPU). Each new graph is checked against the
     eager step on its first batch and refused when it disagrees, so the model trained is
     the eager one's to rounding. ``true``: a model that cannot be compiled is an error;
-    ``false``: never; ``auto``: on CPU, for runs long enough to repay the compilation where docs/performance.md
-    measured a gain (all three architectures), else eager; the log says which. A stop
-    signal during a compilation gives it up: that step runs eagerly and the checkpoint
-    follows it."""
+    ``false``: never; ``auto``: on CPU, for runs long enough to repay the compilation
+    where docs/performance.md measured a gain (all three architectures), else eager; the
+    log says which. A stop signal during a compilation gives it up: that step runs
+    eagerly and the checkpoint follows it."""
     log_interval: Annotated[int, Field(ge=1)] = 1
     """Validate and log every this many epochs (and at the last one)."""
     checkpoint_interval: Annotated[int, Field(ge=1)] = 25
