@@ -242,6 +242,31 @@ def test_real_command_line_exit_code_and_single_line(tmp_path):
     ]
 
 
+@pytest.mark.slow
+def test_a_corrupt_data_file_under_nproc_is_one_line_and_leaves_no_outputs(tmp_path):
+    """Every process reads the file and fails, each at its moment: one line (rank 0's),
+    exit 2, and no run directory, date folder, torchrun marker or outputs/ behind. The
+    slower process used to be stopped by the launcher first, its run directory left and
+    a second line saying it was killed."""
+    lines = ETHANOL.read_text().splitlines(keepends=True)
+    lines[15] = lines[15].replace(lines[15].split()[1], "abc", 1)  # frame 1's first atom
+    data = tmp_path / "corrupt.xyz"
+    data.write_text("".join(lines))
+    options = write_options(tmp_path, data)
+    result = subprocess.run(
+        [sys.executable, "-m", "atomtrain", "train", str(options), "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"atomtrain: {data}, frame 1 (line 16): cannot read as extended XYZ (could not "
+        "convert string to float: 'abc')"
+    ]
+    assert not (tmp_path / "outputs").exists()
+
+
 # ---------------------------------------------------------------------------------------
 # Bad input that users reported: each row builds its input in a directory, runs one
 # command, and must get exit code 2 with one line holding the fragments, and no run

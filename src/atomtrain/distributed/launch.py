@@ -137,6 +137,8 @@ def launch_workers(arguments: list[str], nproc: int, port: int | None, timeout: 
             for rank, failure in sorted(error.failures.items()):
                 if failure.exitcode < 0 and forwarder.received is None:
                     name = signal.Signals(-failure.exitcode).name
+                    if name == "SIGTERM" and worst is not None:
+                        continue  # the agent stopping the others after a rank's own error
                     print(f"atomtrain: rank {rank} was killed by {name}", file=sys.stderr)
             return worst or 1
         except StoppedBeforeStart as error:

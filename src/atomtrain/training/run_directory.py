@@ -5,6 +5,7 @@ its answer (cli/train.py)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -99,6 +100,7 @@ def discard_unstarted(directory: Path | None, outputs: Path, made_outputs: bool 
         return
     close_logging()
     shutil.rmtree(directory, ignore_errors=True)
+    forget_marker(outputs, directory)
     if directory.parent.parent == outputs.resolve():
         try:
             directory.parent.rmdir()  # outputs/DATE when this was its only run
@@ -106,3 +108,18 @@ def discard_unstarted(directory: Path | None, outputs: Path, made_outputs: bool 
                 outputs.rmdir()
         except OSError:
             pass
+
+
+def forget_marker(outputs: Path, directory: Path) -> None:
+    """Remove the record of ``directory`` a torchrun or ``--nproc`` group left for its
+    restart (resume_point), and the records' folder when it is left empty."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id:
+        return
+    marker = outputs / RUN_MARKERS / run_id
+    try:
+        if marker.read_text().strip() == str(directory):
+            marker.unlink()
+            marker.parent.rmdir()
+    except OSError:  # no record, another's, or other groups' records beside it
+        pass

@@ -16,7 +16,7 @@ from ..data.columns import check_cache_setting
 from ..data.frames import FrameSet
 from ..data.sampler import BatchPlan, pack_once
 from ..distributed import Context
-from ..errors import DataError, OptionsError
+from ..errors import AtomtrainError, DataError, OptionsError
 from ..models import registry
 from ..models.architecture import Architecture, DataFacts
 from ..models.energy_model import EnergyModel
@@ -39,6 +39,7 @@ from .outputs import LOGGER_NAME
 from .pseudo_labels import pseudo_label
 from .reports import describe_data, describe_extra_data, describe_training
 from .sanity import check_training_data
+from .stopping import CollectiveError
 from .work import average_neighbors
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -278,9 +279,34 @@ def labeller(
                 f"fine-tuned from knows ({pretrained.atomic_types}), so it cannot label "
                 "them (pseudo_labels); remove those structures"
             )
+        raise_together(context, None)  # no rank failed to read before the labels'
         pseudo_label(structures, pretrained, context, batch_size)
 
     return label
+
+
+def raise_together(context: Context, message: str | None) -> None:
+    """Every rank says whether it failed (``message``); where any did, every rank
+    raises the first rank's message as one CollectiveError, printed once by rank 0."""
+    if not context.is_distributed:
+        return
+    messages = [each for each in context.all_gather_objects(message) if each is not None]
+    if messages:
+        raise CollectiveError(messages[0])
+
+
+def read_on_every_rank(context: Context, read: Callable[[], Datasets]) -> Datasets:
+    """``read()`` on every rank. A data file the ranks cannot read (they read the same
+    files) fails them all, at moments of their own: as one error, said once, they
+    leave together instead of the launcher stopping the slower ranks (their run
+    directory left behind) when the first exits. One process raises the error itself."""
+    try:
+        datasets = read()
+    except AtomtrainError as error:
+        raise_together(context, str(error))
+        raise
+    raise_together(context, None)
+    return datasets
 
 
 def prepare(
@@ -304,7 +330,9 @@ def prepare(
             f"architecture {options.architecture.name} cannot learn targets other than the "
             f"energy yet ({', '.join(spec.name for spec in specs)}); use soap_bpnn"
         )
-    datasets = load_datasets(options, seed, labeller(pretrained, context, options))
+    datasets = read_on_every_rank(
+        context, lambda: load_datasets(options, seed, labeller(pretrained, context, options))
+    )
     logger.info(describe_data(datasets))
     extra = describe_extra_data(options.data_sections())
     if extra:
