@@ -242,17 +242,36 @@ def test_real_command_line_exit_code_and_single_line(tmp_path):
     ]
 
 
-@pytest.mark.slow
-def test_a_corrupt_data_file_under_nproc_is_one_line_and_leaves_no_outputs(tmp_path):
-    """Every process reads the file and fails, each at its moment: one line (rank 0's),
-    exit 2, and no run directory, date folder, torchrun marker or outputs/ behind. The
-    slower process used to be stopped by the launcher first, its run directory left and
-    a second line saying it was killed."""
+def corrupt_copy(tmp_path):
     lines = ETHANOL.read_text().splitlines(keepends=True)
     lines[15] = lines[15].replace(lines[15].split()[1], "abc", 1)  # frame 1's first atom
     data = tmp_path / "corrupt.xyz"
     data.write_text("".join(lines))
-    options = write_options(tmp_path, data)
+    return (
+        data,
+        {},
+        (
+            f"atomtrain: {data}, frame 1 (line 16): cannot read as extended XYZ (could not "
+            "convert string to float: 'abc')"
+        ),
+    )
+
+
+def too_short_a_cutoff(tmp_path):
+    section = {"cutoff": {"radius": 0.5, "width": 0.1}, "max_radial": 2, "max_angular": 2}
+    return ETHANOL, {"architecture__model__soap": section}, "has a neighbor within the cutoff"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [corrupt_copy, too_short_a_cutoff])
+def test_bad_data_under_nproc_is_one_line_and_leaves_no_outputs(tmp_path, case):
+    """Every process reads and checks the same files and fails, each at its moment:
+    one line (rank 0's), exit 2, and no run directory, date folder, torchrun marker or
+    outputs/ behind. The slower process used to be stopped by the launcher first, its
+    run directory left and a second line saying it was killed. A file that cannot be
+    read, and a check of the data after the reading (the survey)."""
+    data, changes, expected = case(tmp_path)
+    options = write_options(tmp_path, data, **changes)
     result = subprocess.run(
         [sys.executable, "-m", "atomtrain", "train", str(options), "--nproc", "2"],
         capture_output=True,
@@ -260,10 +279,8 @@ def test_a_corrupt_data_file_under_nproc_is_one_line_and_leaves_no_outputs(tmp_p
         cwd=tmp_path,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        f"atomtrain: {data}, frame 1 (line 16): cannot read as extended XYZ (could not "
-        "convert string to float: 'abc')"
-    ]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("atomtrain: ") and expected in lines[0], lines
     assert not (tmp_path / "outputs").exists()
 
 

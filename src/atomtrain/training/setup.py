@@ -9,6 +9,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -41,6 +42,8 @@ from .reports import describe_data, describe_extra_data, describe_training
 from .sanity import check_training_data
 from .stopping import CollectiveError
 from .work import average_neighbors
+
+T = TypeVar("T")
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -295,18 +298,19 @@ def raise_together(context: Context, message: str | None) -> None:
         raise CollectiveError(messages[0])
 
 
-def read_on_every_rank(context: Context, read: Callable[[], Datasets]) -> Datasets:
-    """``read()`` on every rank. A data file the ranks cannot read (they read the same
-    files) fails them all, at moments of their own: as one error, said once, they
-    leave together instead of the launcher stopping the slower ranks (their run
-    directory left behind) when the first exits. One process raises the error itself."""
+def on_every_rank(context: Context, action: Callable[[], T]) -> T:
+    """``action()`` on every rank, where all take part: reading the data files, checking
+    them. The ranks read the same files, so a mistake in them fails every rank, each at
+    its own moment: as one error, said once, they leave together instead of the
+    launcher stopping the slower ranks (rank 0's run directory left behind) when the
+    first exits. One process raises the error itself."""
     try:
-        datasets = read()
+        value = action()
     except AtomtrainError as error:
         raise_together(context, str(error))
         raise
     raise_together(context, None)
-    return datasets
+    return value
 
 
 def prepare(
@@ -330,15 +334,16 @@ def prepare(
             f"architecture {options.architecture.name} cannot learn targets other than the "
             f"energy yet ({', '.join(spec.name for spec in specs)}); use soap_bpnn"
         )
-    datasets = read_on_every_rank(
+    datasets = on_every_rank(
         context, lambda: load_datasets(options, seed, labeller(pretrained, context, options))
     )
     logger.info(describe_data(datasets))
     extra = describe_extra_data(options.data_sections())
     if extra:
         logger.info(extra)
-    check_selection_metric(
-        options.architecture.training.best_model_metric, validated_errors(datasets.validation)
+    metric = options.architecture.training.best_model_metric
+    on_every_rank(
+        context, lambda: check_selection_metric(metric, validated_errors(datasets.validation))
     )
     training = datasets.training
     dtype = training_dtype(options)
@@ -390,8 +395,11 @@ def prepare(
     assign_energy_variants(datasets, model.energy_names)
     freeze_for_method(model, architecture, options)
     cutoff = float(model.cutoff)
-    warned = check_training_data(
-        options.training_set, datasets.files["training"], cutoff, options.silence_warnings
+    warned = on_every_rank(
+        context,
+        lambda: check_training_data(
+            options.training_set, datasets.files["training"], cutoff, options.silence_warnings
+        ),
     )
     model.trained_on = describe_training(datasets, starting_point(options))
     plan = batch_plan(training, options.architecture.training, seed, context, datasets.shares)
