@@ -282,7 +282,7 @@ def labeller(
                 f"fine-tuned from knows ({pretrained.atomic_types}), so it cannot label "
                 "them (pseudo_labels); remove those structures"
             )
-        raise_together(context, None)  # no rank failed to read before the labels'
+        raise_together(context, None)  # meets a rank that failed on an earlier file
         pseudo_label(structures, pretrained, context, batch_size)
 
     return label
