@@ -44,6 +44,13 @@ def _given() -> bool:
 
 
 @torch.jit.unused
+def traced() -> bool:
+    """A step is being traced for compilation (ProvidedSizes is in force): a model may
+    take a formulation that compiles better than the one that runs best eagerly."""
+    return _given()
+
+
+@torch.jit.unused
 def _given_size(kind: str) -> int:
     return _provided[-1][kind]
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from ..data_sizes import most_pairs, occurrences
+from ..data_sizes import most_pairs, occurrences, traced
 from .harmonics_library import import_sphericart_torch
 
 sphericart_torch = import_sphericart_torch()
@@ -297,5 +297,12 @@ class SoapPowerSpectrum(torch.nn.Module):
         products = torch.bmm(blocks, blocks.transpose(1, 2))
         # a gather along the last axis of a 2-d tensor: along the last of three it
         # costs several times more per atom once batches grow past ~100 atoms
-        products = products.reshape(n_atoms, n_l * n_channels * n_channels)
-        return products.index_select(1, self.selected)
+        row = n_l * n_channels * n_channels
+        if torch.jit.is_scripting() or not traced():
+            return products.reshape(n_atoms, row).index_select(1, self.selected)
+        # Traced for compilation: a gather along one flat axis. Along the rows' second
+        # axis inductor's gather divides each index by the row, modulo the number of
+        # atoms (a symbol), in both passes; this one made the compiled step 13 % shorter
+        # on ethanol, 4 % on silicon (measured), but eagerly 2-4 % longer.
+        flat = torch.arange(n_atoms, device=density.device).unsqueeze(1) * row + self.selected
+        return products.reshape(-1).index_select(0, flat.reshape(-1)).reshape(n_atoms, -1)
