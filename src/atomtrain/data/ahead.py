@@ -62,9 +62,7 @@ def read_ahead(sources: list[tuple[Path, TargetKeys, Units]]) -> None:
 def finish_reading() -> None:
     """Wait for the child reading files into the cache, if one was started: processes
     this one starts then find them there."""
-    process = remembered.ReadElsewhere.process
-    if process is not None:
-        process.wait()
+    remembered.ReadElsewhere.wait()
 
 
 def main() -> None:

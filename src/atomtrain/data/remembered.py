@@ -98,10 +98,16 @@ class ReadElsewhere:
         """The entry named at the start, once the child has written it; asked once (a
         later reading of the file hashes it again)."""
         name = cls.names.pop((str(path), keys, units), None)
-        if name in cls.written and cls.process is not None:
+        if name in cls.written:
+            cls.wait()
+        return name
+
+    @classmethod
+    def wait(cls) -> None:
+        """Until the child, if one was started, has written its entries."""
+        if cls.process is not None:
             cls.process.wait()
             forget_helper(cls.process.pid)
-        return name
 
 
 def read_remembered(
