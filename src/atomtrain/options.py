@@ -30,7 +30,18 @@ from pydantic import (
 from .errors import OptionsError
 from .models import registry
 from .options_base import Strict, default_only
-from .targets import PREFIX, Irrep, TargetSpec, is_energy, is_other_target, unsupported_irrep
+from .targets import (
+    DIRECT_DEFAULTS,
+    NON_CONSERVATIVE_STRESS,
+    PREFIX,
+    Irrep,
+    TargetSpec,
+    canonical_name,
+    is_direct,
+    is_energy,
+    is_other_target,
+    unsupported_irrep,
+)
 from .units import unit_problem
 
 
@@ -46,7 +57,11 @@ def _loss_from_metatrain(spec: dict) -> dict:
     {positions: ..., strain: ...}}}, as LossOptions' fields (one type for all)."""
     unknown = sorted(name for name in spec if name != "energy" and not is_other_target(name))
     if unknown:
-        raise ValueError(f"losses for {unknown}: atomtrain learns 'energy' and mtt::<name> targets")
+        raise ValueError(
+            f"losses for {unknown}: atomtrain learns 'energy', mtt::<name> targets and "
+            "non_conservative_forces / non_conservative_stress"
+        )
+    spec = {canonical_name(name): part for name, part in spec.items()}
     energy = spec.get("energy", {})
     energy = {"type": energy} if isinstance(energy, str) else dict(energy)
     parts = {"energy": energy}
@@ -115,7 +130,9 @@ class LossOptions(Strict):
     def _target_weights_in_weights(cls, value: Any) -> Any:
         if isinstance(value, dict) and isinstance(value.get("weights"), dict):
             weights = dict(value["weights"])
-            others = {k: weights.pop(k) for k in list(weights) if is_other_target(str(k))}
+            others = {
+                canonical_name(k): weights.pop(k) for k in list(weights) if is_other_target(str(k))
+            }
             if others:
                 value = {
                     **value,
@@ -211,8 +228,8 @@ def _selection_metric(value: str) -> str:
         return {"stress": "stress_rmse", "virial": "virial_per_atom_rmse"}.get(
             value, f"{value}_rmse"
         )
-    if value.startswith("mtt::"):
-        return f"{value}_rmse"
+    if is_other_target(value):
+        return f"{canonical_name(value)}_rmse"
     raise ValueError(
         f"'{value}' is not a validation error: give loss, rmse_prod, mae_prod, or one "
         "error such as forces_rmse, energy_per_atom_mae or mtt::dipole_rmse"
@@ -725,7 +742,13 @@ class TargetsOptions(Strict):
                 value["energy_name"] = name
         for name in [name for name in value if isinstance(name, str)]:
             if is_other_target(name):
-                others[name] = value.pop(name)
+                others[canonical_name(name)] = value.pop(name)
+        for name in [name for name in others if is_direct(name)]:
+            given = others[name]
+            if isinstance(given, dict):  # the keys metatrain's options may leave out
+                others[name] = {**DIRECT_DEFAULTS[name], **given}
+            elif given is None or given is True:
+                others[name] = dict(DIRECT_DEFAULTS[name])
         if others and "energy" not in value:
             value["energy"] = None
         if others:
@@ -740,6 +763,27 @@ class TargetsOptions(Strict):
         data[name] = data.pop("energy")
         data.update(data.pop("others", {}) or {})
         return data
+
+    @model_validator(mode="after")
+    def _direct_targets_as_metatomic_defines_them(self) -> TargetsOptions:
+        for name, options in self.others.items():
+            if not is_direct(name):
+                continue
+            spec = options.spec(name)
+            stress = name == NON_CONSERVATIVE_STRESS
+            wanted = "a 3x3 matrix per structure" if stress else "a vector per atom"
+            if (
+                spec.kind != "cartesian"
+                or spec.rank != (2 if stress else 1)
+                or spec.per_atom == stress
+                or spec.num_subtargets != 1
+            ):
+                raise ValueError(
+                    f"{name}: it is {wanted} (type: {{cartesian: {{rank: {2 if stress else 1}}}}}, "
+                    f"per_atom: {str(not stress).lower()}, num_subtargets: 1); remove the "
+                    "other settings or name the target mtt::<name>"
+                )
+        return self
 
     def specs(self) -> list[TargetSpec]:
         return [options.spec(name) for name, options in self.others.items()]
@@ -785,6 +829,18 @@ class DatasetOptions(Strict):
     @classmethod
     def _path_as_systems(cls, value: Any) -> Any:
         return {"read_from": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _direct_targets_in_the_file_units(self) -> DatasetOptions:
+        """A non-conservative force or stress without a unit is in the section's energy
+        unit over its length unit (or its cube), as its energy's forces and stress."""
+        energy = self.targets.energy.unit if self.targets.energy is not None else "eV"
+        length = self.systems.length_unit
+        for name, options in self.targets.others.items():
+            if is_direct(name) and not options.unit:
+                power = "^3" if name == NON_CONSERVATIVE_STRESS else ""
+                options.unit = f"{energy}/{length}{power}"
+        return self
 
 
 class DistributedOptions(Strict):

@@ -1,7 +1,9 @@
 """Targets other than the energy, named and typed as metatrain names and types them:
 ``mtt::<name>`` entries of a data set's ``targets`` section, each a scalar, a Cartesian
 tensor of rank 1 or 2, or a list of spherical irreps (o3_lambda, o3_sigma), per structure
-or per atom, with ``num_subtargets`` properties.
+or per atom, with ``num_subtargets`` properties; and metatrain's non-conservative
+forces and stress (``non_conservative_forces``, ``non_conservative_stress``), which a
+head predicts directly, exported as metatomic's outputs of those names.
 
 A target's values are held flat, per structure (or per atom): its components in the
 order metatrain's ASE reader reshapes them, ``[*components, subtargets]`` row-major,
@@ -18,6 +20,29 @@ from typing import Any
 import numpy as np
 
 PREFIX = "mtt::"
+# metatomic's standard outputs that a head predicts directly (metatrain's
+# non-conservative forces and stress): each atom's force as a vector, and the stress as
+# a symmetric 3x3 matrix per structure, its atoms' contributions summed over the cell's
+# volume, as metatrain's PET makes it
+NON_CONSERVATIVE_FORCE = "non_conservative_force"
+NON_CONSERVATIVE_STRESS = "non_conservative_stress"
+# the names metatrain's options and older engines (i-PI) still use
+OLD_NAMES = {"non_conservative_forces": NON_CONSERVATIVE_FORCE}
+# what each is, unless the options say otherwise (metatrain's options give these)
+DIRECT_DEFAULTS: dict[str, dict[str, Any]] = {
+    NON_CONSERVATIVE_FORCE: {
+        "key": "forces",
+        "quantity": "force",
+        "type": {"cartesian": {"rank": 1}},
+        "per_atom": True,
+    },
+    NON_CONSERVATIVE_STRESS: {
+        "key": "stress",
+        "quantity": "pressure",
+        "type": {"cartesian": {"rank": 2}},
+        "per_atom": False,
+    },
+}
 # the largest o3_lambda the heads build (models/heads.py): scalars, vectors and
 # symmetric traceless matrices, proper or pseudo
 MAX_LAMBDA = 2
@@ -70,13 +95,27 @@ class TargetSpec:
             return (self.irreps[0].size, self.num_subtargets)
         return (self.components, self.num_subtargets)
 
+    @property
+    def symmetric(self) -> bool:
+        """A symmetric rank-2 tensor (the stress): no antisymmetric part."""
+        return self.name == NON_CONSERVATIVE_STRESS
+
+    @property
+    def per_volume(self) -> bool:
+        return is_per_volume(self.name)
+
     def blocks(self) -> list[Irrep]:
         """The irreps the heads make for it: a Cartesian rank-2 tensor is its trace (0, 1),
-        its antisymmetric part (1, -1) and its symmetric traceless part (2, 1)."""
+        its antisymmetric part (1, -1) (unless symmetric) and its symmetric traceless
+        part (2, 1)."""
         if self.kind == "scalar":
             return [Irrep(0, 1)]
+        if self.kind == "cartesian" and self.rank == 1:
+            return [Irrep(1, 1)]
         if self.kind == "cartesian":
-            return [Irrep(1, 1)] if self.rank == 1 else [Irrep(0, 1), Irrep(1, -1), Irrep(2, 1)]
+            if self.symmetric:
+                return [Irrep(0, 1), Irrep(2, 1)]
+            return [Irrep(0, 1), Irrep(1, -1), Irrep(2, 1)]
         return list(self.irreps)
 
     def isotropic_positions(self) -> list[int] | None:
@@ -138,8 +177,36 @@ def is_energy(name: str) -> bool:
     return name == "energy" or name.startswith("energy/")
 
 
+def is_per_volume(name: str) -> bool:
+    """A structure's value is its atoms' sum over the cell's volume (zero for a structure
+    that is not periodic), as a stress is its virial over the volume; its loss, as the
+    stress's, is taken on that sum per atom."""
+    return name == NON_CONSERVATIVE_STRESS
+
+
+def canonical_name(name: str) -> str:
+    """A target's name as atomtrain and metatomic spell it now."""
+    return OLD_NAMES.get(name, name)
+
+
+def is_direct(name: str) -> bool:
+    """A non-conservative force or stress, predicted by a head of its own."""
+    return canonical_name(name) in DIRECT_DEFAULTS
+
+
 def is_other_target(name: str) -> bool:
-    return name.startswith(PREFIX)
+    """A target other than the energies: mtt::<name>, or a non-conservative force or
+    stress."""
+    return name.startswith(PREFIX) or is_direct(name)
+
+
+def target_of_metric(key: str) -> str | None:
+    """The target other than the energies that a metric (``<target>_rmse``, ``_mae``)
+    measures, or None."""
+    for suffix in ("_rmse", "_mae"):
+        if key.endswith(suffix) and is_other_target(key.removesuffix(suffix)):
+            return key.removesuffix(suffix)
+    return None
 
 
 def unsupported_irrep(irrep: Irrep) -> str | None:

@@ -21,7 +21,7 @@ from atomtrain.errors import DataError
 from atomtrain.models import registry
 from atomtrain.models.heads import matrix_from_spherical, spherical_from_matrix
 from atomtrain.options import LossOptions
-from atomtrain.targets import Irrep, TargetSpec
+from atomtrain.targets import NON_CONSERVATIVE_FORCE, NON_CONSERVATIVE_STRESS, Irrep, TargetSpec
 from atomtrain.training.augmentation import turn_target
 from atomtrain.training.evaluation import predict
 from atomtrain.training.llpr import edge_inputs
@@ -316,3 +316,85 @@ def test_a_target_may_have_a_loss_of_its_own():
     predictions, batch, counts = vector_loss_case(seed=7)
     loss = batch_loss(predictions, batch, loss_options, counts)
     assert torch.allclose(loss, 3 * predictions["mtt::vector"].abs().sum() / 3)
+
+
+DIRECT = [
+    TargetSpec(NON_CONSERVATIVE_FORCE, "forces", "cartesian", rank=1, per_atom=True),
+    TargetSpec(NON_CONSERVATIVE_STRESS, "stress", "cartesian", rank=2),
+]
+
+
+def crystal(positions, cell, periodic=True):
+    numbers = torch.tensor([6, 6, 8, 1, 1, 1, 1, 1, 1])
+    return Structure(
+        torch.as_tensor(positions),
+        numbers,
+        torch.as_tensor(cell) if periodic else torch.zeros(3, 3, dtype=torch.float64),
+        torch.full((3,), periodic),
+    )
+
+
+def direct_predictions(model, structures):
+    batch = collate(structures, model.cutoff).to("cpu", torch.float64)
+    return {k: v.detach().numpy() for k, v in predict(model, batch, False, False).items()}
+
+
+def test_direct_forces_and_stress_turn_with_the_cell_and_the_stress_is_intensive():
+    """A non-conservative stress is a symmetric matrix that turns as R S R^T, its atoms'
+    sum over the cell's volume: a supercell twice as long has the same stress and each
+    atom the same force; a structure that is not periodic has none."""
+    model = small_model([1, 6, 8], seed=4)
+    model.attach_targets(DIRECT)
+    generator = torch.Generator().manual_seed(4)
+    for head in model.heads:
+        last = head.network[-1].weight
+        last.data.copy_(torch.randn(last.shape, generator=generator, dtype=last.dtype))
+        head.baseline.copy_(torch.randn(head.baseline.shape, generator=generator))
+    rng = np.random.default_rng(5)
+    cell = np.diag([6.0, 6.5, 7.0]) + rng.normal(size=(3, 3)) * 0.3
+    positions = rng.uniform(size=(9, 3)) @ cell
+    rotation = Rotation.random(random_state=6).as_matrix()
+    doubled = np.concatenate([positions, positions + cell[0]])
+    supercell = np.stack([2 * cell[0], cell[1], cell[2]])
+    twice = Structure(
+        torch.as_tensor(doubled),
+        torch.tensor([6, 6, 8, 1, 1, 1, 1, 1, 1] * 2),
+        torch.as_tensor(supercell),
+        torch.ones(3, dtype=torch.bool),
+    )
+    found = direct_predictions(
+        model,
+        [
+            crystal(positions, cell),
+            crystal(positions @ rotation.T, cell @ rotation.T),
+            twice,
+            crystal(positions, cell, periodic=False),
+        ],
+    )
+    forces, stress = found[NON_CONSERVATIVE_FORCE], found[NON_CONSERVATIVE_STRESS]
+    stress = stress.reshape(-1, 3, 3)
+    scale = np.abs(stress[0]).max()
+    assert scale > 1e-6 and np.abs(forces[:9]).max() > 1e-3  # not about zeros
+    assert np.abs(stress[0] - stress[0].T).max() <= 1e-12 * scale
+    assert np.abs(stress[1] - rotation @ stress[0] @ rotation.T).max() <= 1e-10 * scale
+    assert np.abs(forces[9:18] - forces[:9] @ rotation.T).max() <= 1e-10 * np.abs(forces).max()
+    assert np.abs(stress[2] - stress[0]).max() <= 1e-10 * scale
+    assert np.abs(forces[18:27] - forces[:9]).max() <= 1e-10 * np.abs(forces).max()
+    assert np.abs(forces[27:36] - forces[:9]).max() <= 1e-10 * np.abs(forces).max()
+    assert np.array_equal(stress[3], np.zeros((3, 3)))
+
+
+def test_a_stress_in_voigt_order_is_read_as_its_matrix(tmp_path):
+    frames = qm7x_frames(2)
+    matrix = np.arange(9.0).reshape(3, 3) + np.arange(9.0).reshape(3, 3).T
+    stresses = [np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), matrix]
+    for atoms, stress in zip(frames, stresses):
+        atoms.info["stress"] = stress
+        atoms.cell, atoms.pbc = np.eye(3) * 10.0, True
+    write_frames(tmp_path / "s.xyz", frames)
+    spec = DIRECT[1]
+    keys = TargetKeys(read_energy=False, require_energy=False, read_stress=False, others=(spec,))
+    structures = read_structures(tmp_path / "s.xyz", keys)
+    voigt, full = (structures[i].targets[spec.name].numpy() for i in range(2))
+    assert np.array_equal(voigt.reshape(3, 3), [[1, 6, 5], [6, 2, 4], [5, 4, 3]])
+    assert np.array_equal(full, matrix.reshape(9))

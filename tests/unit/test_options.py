@@ -125,9 +125,55 @@ def test_metatrain_loss_weights_and_types_are_mapped():
     assert options.architecture.training.loss.type == "mae"
 
 
+def test_metatrains_non_conservative_targets_are_read_by_their_names():
+    """metatrain's spelling (non_conservative_forces), its keys or none of them, and its
+    per-target loss: the targets take metatomic's names, and units of the energy's."""
+    targets = {
+        "energy": {"key": "energy", "unit": "kcal/mol"},
+        "non_conservative_forces": {
+            "key": "forces",
+            "type": {"cartesian": {"rank": 1}},
+            "per_atom": True,
+        },
+        "non_conservative_stress": {},
+    }
+    loss = {"energy": "mse", "non_conservative_forces": {"weight": 3.0}}
+    options = metatrain_options_with(
+        training_set__0__systems__length_unit="bohr",
+        training_set__0__targets=targets,
+        architecture__training__loss=loss,
+    )
+    specs = {spec.name: spec for spec in options.training_set[0].targets.specs()}
+    force, stress = specs["non_conservative_force"], specs["non_conservative_stress"]
+    assert (force.key, force.per_atom, force.rank, force.unit) == (
+        "forces",
+        True,
+        1,
+        "kcal/mol/bohr",
+    )
+    assert (stress.key, stress.per_atom, stress.rank, stress.unit) == (
+        "stress",
+        False,
+        2,
+        "kcal/mol/bohr^3",
+    )
+    assert stress.symmetric and stress.per_volume and not force.per_volume
+    assert options.architecture.training.loss.target_weight("non_conservative_force") == 3.0
+
+
 @pytest.mark.parametrize(
     "dotted, value, message",
     [
+        (
+            "training_set__0__targets",
+            {"non_conservative_forces": {"per_atom": False}},
+            "non_conservative_force: it is a vector per atom",
+        ),
+        (
+            "training_set__0__targets",
+            {"non_conservative_stress": {"num_subtargets": 2}},
+            "non_conservative_stress: it is a 3x3 matrix per structure",
+        ),
         ("architecture__model__zbl", True, "the ZBL baseline is not implemented"),
         ("architecture__model__legacy", False, "only the legacy SOAP-BPNN is implemented"),
         ("architecture__model__long_range__enable", True, "long-range interactions are not"),
@@ -147,7 +193,7 @@ def test_metatrain_loss_weights_and_types_are_mapped():
         (
             "architecture__training__loss",
             {"energy": {}, "dipole": {}},
-            "atomtrain learns 'energy' and mtt::<name> targets",
+            "atomtrain learns 'energy', mtt::<name> targets",
         ),
         ("training_set", [], "List should have at least 1 item"),
         ("training_set__0__targets__energy__quantity", "dipole", "Input should be 'energy'"),

@@ -231,6 +231,8 @@ class FrameReader:
             raise self.fail(
                 index, f"no '{spec.key}' in the frame's {where} for {spec.name}; {hint}"
             )
+        if spec.symmetric and value.size == 6 and not spec.per_atom:
+            value = _to_matrix(value)  # a stress in Voigt's order, as ASE writes it
         expected = ((len(atoms),) if spec.per_atom else ()) + spec.shape_in_file()
         if value.size != int(np.prod(expected)):
             kind = f"{spec.kind} rank {spec.rank}" if spec.kind == "cartesian" else spec.kind

@@ -49,10 +49,34 @@ LLPR_BUFFERS = (
 def uncertainty_name(output_name: str) -> str:
     """The exported name of an output's uncertainty: metatomic's energy_uncertainty for
     energy, energy_uncertainty/<variant> for energy/<variant>, and metatrain's
-    mtt::aux::<name>_uncertainty for mtt::<name>."""
-    if output_name.startswith("mtt::"):
-        return "mtt::aux::" + output_name.removeprefix("mtt::") + "_uncertainty"
-    return "energy_uncertainty" + output_name.removeprefix("energy")
+    mtt::aux::<name>_uncertainty for mtt::<name> or any other target."""
+    if output_name == "energy" or output_name.startswith("energy/"):
+        return "energy_uncertainty" + output_name.removeprefix("energy")
+    return "mtt::aux::" + output_name.removeprefix("mtt::") + "_uncertainty"
+
+
+def inverse_volumes(cell: torch.Tensor, periodic: torch.Tensor) -> torch.Tensor:
+    """1 / volume of each cell [structures, 3, 3], and 0 for a structure that is not
+    periodic (metatrain's infinite volume): what a per-volume target's sum is
+    multiplied by."""
+    volume = torch.abs(torch.linalg.det(cell))
+    inverse = 1.0 / torch.where(periodic, volume, torch.ones_like(volume))
+    return inverse * periodic.to(inverse.dtype)
+
+
+def over_volumes(
+    values: torch.Tensor,
+    cell: torch.Tensor,
+    periodic: torch.Tensor,
+    system_index: torch.Tensor,
+    per_atom: bool,
+) -> torch.Tensor:
+    """A per-volume target's values [structures, ...] (or [atoms, ...]) over their
+    cells' volumes."""
+    inverse = inverse_volumes(cell, periodic).to(values.dtype)
+    if per_atom:
+        inverse = inverse.index_select(0, system_index)
+    return values * inverse.reshape([-1] + [1] * (values.dim() - 1))
 
 
 def ensemble_name(energy_name: str) -> str:
@@ -90,6 +114,8 @@ class EnergyModel(torch.nn.Module):
         self.learns_energy = True
         self.target_names: list[str] = []
         self.per_atom_targets: list[bool] = []
+        # a structure's value over its cell's volume (a non-conservative stress)
+        self.per_volume_targets: list[bool] = []
         self.heads = torch.nn.ModuleList()
         self.basis = NeighborBasis(len(atomic_types), float(cutoff), False)
         # the energies it learns: the first through the architecture's own energy (and
@@ -135,6 +161,7 @@ class EnergyModel(torch.nn.Module):
         self.energy_names = energy_names
         self.target_names = [spec.name for spec in specs]
         self.per_atom_targets = [spec.per_atom for spec in specs]
+        self.per_volume_targets = [spec.per_volume for spec in specs]
         matrices = any(irrep.o3_lambda == 2 for spec in specs for irrep in spec.blocks())
         self.basis = NeighborBasis(len(self.atomic_types), self.cutoff, matrices)
         width = self.feature_width()
@@ -662,6 +689,10 @@ class EnergyModel(torch.nn.Module):
                         (n_structures, values.shape[1]), dtype=values.dtype, device=values.device
                     )
                     values = total.index_add(0, system_index, values)
+                if self.per_volume_targets[index]:
+                    values = over_volumes(
+                        values, cell, periodic, system_index, self.per_atom_targets[index]
+                    )
                 results[spec_name] = values
             energy = torch.zeros(n_structures, dtype=torch.float64, device=positions.device)
             # the first energy's totals, or, when structures name their variants, each
@@ -699,6 +730,7 @@ EnergyModel.__annotations__.update(
     llpr_subtargets=list[int],
     target_names=list[str],
     per_atom_targets=list[bool],
+    per_volume_targets=list[bool],
     energy_names=list[str],
     variant_relative=list[bool],
 )

@@ -310,10 +310,11 @@ class TargetHead(torch.nn.Module):
             return torch.cat(made, dim=1)
         if self.rank == 1:  # back from y, z, x to x, y, z
             return made[0] if vector_in_xyz else torch.roll(made[0], 1, 1)
-        trace, axial, traceless = made[0], made[1], made[2]  # [atoms, 1 | 3 | 5, s]
-        xyz = torch.roll(axial, 1, 1)
-        antisymmetric = antisymmetric_from(xyz.transpose(1, 2))  # [atoms, s, 3, 3]
-        matrix = matrix_from_spherical(traceless.transpose(1, 2)) + antisymmetric
+        trace, traceless = made[0], made[-1]  # [atoms, 1 | 5, s]
+        matrix = matrix_from_spherical(traceless.transpose(1, 2))  # [atoms, s, 3, 3]
+        if len(made) == 3:  # and an antisymmetric part [atoms, 3, s]
+            xyz = torch.roll(made[1], 1, 1)
+            matrix = matrix + antisymmetric_from(xyz.transpose(1, 2))
         identity = torch.eye(3, dtype=trace.dtype, device=trace.device)
         matrix = matrix + trace.transpose(1, 2).unsqueeze(-1) * identity
         return matrix.permute(0, 2, 3, 1)  # [atoms, 3, 3, s]

@@ -12,7 +12,7 @@ from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import ModelOutput, NeighborListOptions, System
 
 from ..targets import TargetSpec
-from .energy_model import EnergyModel, ensemble_name, uncertainty_name
+from .energy_model import EnergyModel, ensemble_name, inverse_volumes, uncertainty_name
 
 
 class MetatomicEnergy(torch.nn.Module):
@@ -207,9 +207,20 @@ class MetatomicEnergy(torch.nn.Module):
             )
             if name in self.energy_names:
                 results[name] = energy_map(values, samples)["energy"]
-            else:
-                results[name] = self.target_map(self.target_names.index(name), values, samples)
+                continue
+            index = self.target_names.index(name)
+            if self.model.per_volume_targets[index]:
+                values = values * self.inverse_volumes(systems, samples).unsqueeze(1)
+            results[name] = self.target_map(index, values, samples)
         return results
+
+    def inverse_volumes(self, systems: List[System], samples: Labels) -> torch.Tensor:
+        """1 / the cell's volume of each sample's system (0 for a system periodic in no
+        direction), as the model's forward divides a per-volume target."""
+        cells = torch.stack([system.cell for system in systems])
+        periodic = torch.stack([torch.any(system.pbc) for system in systems])
+        inverse = inverse_volumes(cells, periodic)
+        return inverse.index_select(0, samples.column("system").to(torch.long))
 
     def add_uncertainties(
         self,
@@ -241,14 +252,18 @@ class MetatomicEnergy(torch.nn.Module):
                 per_atom,
                 selected_atoms,
             )
+            position = -1
+            if output not in self.energy_names:
+                position = self.target_names.index(output)
+                if self.model.per_volume_targets[position]:
+                    values = values * self.inverse_volumes(systems, samples).unsqueeze(1)
             sigma = self.model.uncertainties_of(
                 output, values.reshape(values.shape[0], atomic.shape[1], atomic.shape[2])
             )
             sigma = sigma.reshape(sigma.shape[0], -1)
-            if output in self.energy_names:
+            if position < 0:
                 results[name] = energy_map(sigma, samples)["energy"]
             else:
-                position = self.target_names.index(output)
                 results[name] = self.target_map(position, sigma, samples)
 
     def add_ensembles(
@@ -340,8 +355,10 @@ class MetatomicEnergy(torch.nn.Module):
         device = values.device
         subtargets = self.target_subtargets[index]
         kind = self.target_kinds[index]
+        # a standard output (non_conservative_force) names its property after itself
+        name = self.target_names[index]
         properties = Labels(
-            ["properties"],
+            ["properties" if name.startswith("mtt::") else name],
             torch.arange(subtargets, dtype=torch.int32, device=device).reshape(-1, 1),
         )
         if kind != "spherical":

@@ -280,12 +280,17 @@ def refit_energy_baseline(
 
 
 def target_rows(
-    frames, indices: np.ndarray, column, atomic_types: list[int]
+    frames, indices: np.ndarray, column, atomic_types: list[int], per_volume: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """(compositions [rows, n_elements], values [rows, width]) of an mtt:: target over
     the structures ``indices`` of ``frames`` that have it: a row per structure, or per
-    atom (its element one-hot) for a per-atom target."""
+    atom (its element one-hot) for a per-atom target. ``per_volume``: the values times
+    their cells' volumes (the sums of the atoms' contributions), of periodic structures
+    only."""
     indices = indices[column.known[indices]]
+    if per_volume:
+        indices = indices[np.asarray(frames.pbc[indices]).any(axis=1)]
+        volumes = np.abs(np.linalg.det(frames.cells[indices] * frames.length))
     lookup = np.full(max(atomic_types) + 1, -1, dtype=np.int64)
     lookup[atomic_types] = np.arange(len(atomic_types))
     rows = frames.atoms_of(indices)
@@ -297,7 +302,8 @@ def target_rows(
     system = np.repeat(np.arange(len(indices)), frames.atom_counts[indices])
     counts = np.zeros((len(indices), len(atomic_types)))
     np.add.at(counts, (system, elements), 1.0)
-    return counts, np.asarray(column.values[indices], dtype=np.float64)
+    values = np.asarray(column.values[indices], dtype=np.float64)
+    return counts, values * volumes[:, None] if per_volume else values
 
 
 def fit_target_baselines(
@@ -319,7 +325,7 @@ def fit_target_baselines(
             column = frames.targets.get(spec.name)
             if column is None:
                 continue
-            counts, values = target_rows(frames, indices, column, types)
+            counts, values = target_rows(frames, indices, column, types, spec.per_volume)
             gathered.append((counts, values))
             isotropic = spec.isotropic(values)
             if isotropic is not None:

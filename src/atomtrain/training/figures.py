@@ -24,6 +24,7 @@ import ase.units
 import numpy as np
 
 from ..runtime import forget_helper, note_helper
+from ..targets import target_of_metric
 from .outputs import LOGGER_NAME, without_unit
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -42,7 +43,7 @@ PANELS_PER_ROW = 3
 
 def plot_learning_curves(csv_path: Path, png_path: Path) -> None:
     """Train and validation RMSE of each target against epochs (energies, forces and
-    stress in meV units, mtt:: targets in their files' units), at most three panels a
+    stress in meV units, other targets in their files' units), at most three panels a
     row."""
     import matplotlib.pyplot as plt
 
@@ -90,7 +91,7 @@ def learning_curves_figure(csv_path: Path):
     labels = dict(CURVE_LABELS)
     for column in rows[0]:  # mtt:: targets, in the units of their files
         name = column.removeprefix("train_").removeprefix("validation_")
-        if name.startswith("mtt::") and name.endswith("_rmse"):
+        if name.endswith("_rmse") and target_of_metric(name):
             labels[name] = (f"{name.removesuffix('_rmse')} RMSE", units.get(column, ""))
     targets = [
         target for target in labels if {f"train_{target}", f"validation_{target}"} & set(rows[0])

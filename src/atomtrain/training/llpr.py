@@ -38,7 +38,7 @@ from ..data.batch import Batch
 from ..data.frames import FrameSet
 from ..distributed import Context
 from ..errors import AtomtrainError
-from ..models.energy_model import EnergyModel
+from ..models.energy_model import EnergyModel, over_volumes
 from ..options import TrainingOptions
 from .baseline import local_share
 from .evaluation import local_batches, predict
@@ -99,8 +99,11 @@ def output_samples(
                 variants = torch.zeros(structures, dtype=torch.long, device=atomic.device)
             known = torch.isfinite(batch.energy) & (variants == variant)
         return summed(batch, atomic), known, True
-    per_atom = model.per_atom_targets[model.target_names.index(name)]
+    index = model.target_names.index(name)
+    per_atom = model.per_atom_targets[index]
     features = atomic if per_atom else summed(batch, atomic)
+    if model.per_volume_targets[index]:  # as the model's forward divides the values
+        features = over_volumes(features, batch.cell, batch.periodic, batch.system_index, per_atom)
     known = torch.zeros(features.shape[0], dtype=torch.bool, device=atomic.device)
     if name in batch.targets:
         known = batch.target_masks.get(name, ~known)

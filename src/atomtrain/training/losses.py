@@ -9,6 +9,7 @@ import torch
 
 from ..data.batch import Batch
 from ..options import LossOptions
+from ..targets import is_per_volume
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,10 @@ def batch_loss(
     for name, reference in batch.targets.items():
         if name not in predictions:
             continue
-        difference = known_only(predictions[name] - reference, batch.target_masks.get(name))
+        difference = predictions[name] - reference
+        if is_per_volume(name):  # as the stress's: on the virial per atom
+            difference = difference * volume_per_atom(batch).reshape(-1, 1)
+        difference = known_only(difference, batch.target_masks.get(name))
         rows = per_atom if name in batch.atom_targets else per_structure
         weight = options.target_weight(name)
         kind, delta = options.target_loss(name)

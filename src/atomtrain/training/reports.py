@@ -9,7 +9,7 @@ import torch
 
 from ..models import registry
 from ..models.energy_model import EnergyModel
-from ..targets import PREFIX
+from ..targets import target_of_metric
 from .datasets import Datasets
 
 
@@ -85,8 +85,8 @@ def describe(metrics: dict[str, float]) -> str:
     ):
         if f"{target}_rmse" in metrics:
             parts.append(f"{label} RMSE {metrics[f'{target}_rmse'] * factor:.4g} {unit}")
-    for name, value in metrics.items():  # mtt:: targets, in their own units
-        if name.startswith(PREFIX) and name.endswith("_rmse"):
+    for name, value in metrics.items():  # the other targets, in their own units
+        if name.endswith("_rmse") and target_of_metric(name):
             parts.append(f"{name.removesuffix('_rmse')} RMSE {value:.4g}")
     return ", ".join(parts) if parts else "no targets"
 
@@ -106,7 +106,7 @@ def metrics_table(
         ("stress_mae", "S MAE", 1e3),
     ]
     others = dict.fromkeys(
-        key for metrics in results.values() for key in metrics if key.startswith(PREFIX)
+        key for metrics in results.values() for key in metrics if target_of_metric(key)
     )
     columns += [(key, key.replace("_rmse", " RMSE").replace("_mae", " MAE"), 1.0) for key in others]
     present = [c for c in columns if any(c[0] in metrics for metrics in results.values())]
@@ -114,7 +114,7 @@ def metrics_table(
     cell = max(14, *(len(label) + 2 for _, label, _ in present))
     header = f"{'set':<{width}}" + "".join(f"{label:>{cell}}" for _, label, _ in present)
     units = "meV, meV/atom, meV/A, meV/A^3" + (
-        "; mtt:: targets in their files' units" if others else ""
+        "; other targets in their files' units" if others else ""
     )
     lines = [f"{title} ({units}):", header]
     for name, metrics in results.items():
