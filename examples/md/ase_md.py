@@ -2,6 +2,7 @@
 
     python ase_md.py ../ethanol/model.pt --ensemble nve --steps 1000
     python ase_md.py ../ethanol/model.pt --ensemble nvt --temperature 300
+    python ase_md.py model.pt --non-conservative     # a model with direct forces
 
 The model runs through metatomic-ase's MetatomicCalculator: this script does not import
 atomtrain. It writes md_<ensemble>.csv (time, total, potential and kinetic energy,
@@ -15,6 +16,7 @@ import argparse
 import csv
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -83,6 +85,13 @@ def md_parser(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=Path("."), help="directory for files")
+    parser.add_argument(
+        "--non-conservative",
+        action="store_true",
+        help="forces from the model's direct output (non_conservative_force, a target the "
+        "model was trained on) instead of the energy's gradient: no backward pass, but "
+        "the total energy drifts (docs/targets.md)",
+    )
     return parser
 
 
@@ -114,14 +123,24 @@ def main() -> None:
     torch_settings(arguments.threads)
     atoms = ase.io.read(arguments.structure, index=0)
     # the extensions the model needs (sphericart) were collected beside it at export
-    atoms.calc = MetatomicCalculator(
-        str(arguments.model),
-        extensions_directory=str(arguments.model.parent / "extensions"),
-        # metatomic-ase would otherwise compute the per-atom energy uncertainty of an
-        # atomtrain model (LLPR) at every step and warn above 0.1 eV; atomic energies are
-        # not observed, and their uncertainties exceed the structure's (docs/uncertainty.md)
-        uncertainty_threshold=None,
-    )
+    try:
+        atoms.calc = MetatomicCalculator(
+            str(arguments.model),
+            extensions_directory=str(arguments.model.parent / "extensions"),
+            # metatomic-ase would otherwise compute the per-atom energy uncertainty of an
+            # atomtrain model (LLPR) at every step and warn above 0.1 eV; atomic energies
+            # are not observed, and their uncertainties exceed the structure's
+            # (docs/uncertainty.md)
+            uncertainty_threshold=None,
+            non_conservative="forces" if arguments.non_conservative else False,
+        )
+    except ValueError as error:  # metatomic-ase: the model lacks the direct forces
+        print(
+            f"{arguments.model}: {error}; train it with a non_conservative_forces target "
+            "(docs/targets.md) or leave out --non-conservative",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     generator = np.random.default_rng(arguments.seed)
     # thermalize_momenta is ASE 3.29's name for MaxwellBoltzmannDistribution
     thermalize = getattr(
@@ -162,8 +181,10 @@ def main() -> None:
         )
 
     dynamics.attach(record, interval=1)  # called at the start too
+    started = time.perf_counter()
     dynamics.run(arguments.steps)
-    report(rows, arguments, len(atoms), "ASE")
+    speed = arguments.steps / (time.perf_counter() - started)
+    report(rows, arguments, len(atoms), "ASE", speed)
 
 
 def report(

@@ -706,8 +706,12 @@ class OtherTargetOptions(Strict):
 
 class TargetsOptions(Strict):
     """The targets of a data set, by metatrain's names: ``energy`` (with its forces and
-    stress) and any number of ``mtt::<name>`` targets. A section that names mtt::
-    targets and no energy learns no energy."""
+    stress), any number of ``mtt::<name>`` targets, and metatrain's non-conservative
+    forces and stress (``non_conservative_forces``: key "forces", a vector per atom;
+    ``non_conservative_stress``: key "stress", a symmetric 3x3 matrix per structure),
+    predicted directly by heads of their own and exported as metatomic's outputs of those
+    names; their unit is the energy's over the length's unless given. A section that
+    names other targets and no energy learns no energy."""
 
     energy: EnergyTargetOptions | None = EnergyTargetOptions()
     """The energy target and its derivatives."""
@@ -718,8 +722,8 @@ class TargetsOptions(Strict):
     gives each as a metatomic output (``energy/<variant>``), which an engine picks
     (metatomic-ase: ``variants={"energy": "<variant>"}``)."""
     others: dict[str, OtherTargetOptions] = {}
-    """The ``mtt::<name>`` targets (written beside energy in the file, not under this
-    key)."""
+    """The ``mtt::<name>`` and non-conservative targets (written beside energy in the
+    file, not under this key)."""
 
     @model_validator(mode="before")
     @classmethod

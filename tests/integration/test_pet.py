@@ -36,7 +36,17 @@ METATRAIN_OPTIONS = {
     },
     "training_set": {
         "systems": str(ETHANOL),
-        "targets": {"energy": {"key": "energy", "unit": "eV", "forces": {"key": "forces"}}},
+        "targets": {
+            "energy": {"key": "energy", "unit": "eV", "forces": {"key": "forces"}},
+            # PET-MAD's and UPET's direct forces: read past, their energy read
+            "non_conservative_forces": {
+                "key": "forces",
+                "type": {"cartesian": {"rank": 1}},
+                "per_atom": True,
+                "quantity": "force",
+                "unit": "eV/A",
+            },
+        },
     },
     "validation_set": 0.2,
     "test_set": 0.1,
@@ -130,6 +140,7 @@ def test_eval_and_fine_tuning_start_from_a_metatrain_pet_checkpoint(mtt_pet, tmp
     (run,) = run_directories(outputs)
     log = (run / "train.log").read_text()
     assert f"fine-tuning the best model of {checkpoint}" in log
+    assert "its direct heads (non_conservative_forces) left out" in log
     assert "model: PET" in log
     # atomtrain's own checkpoints still load with weights_only=True, and reading
     # metatrain's left no class allowed beyond the read

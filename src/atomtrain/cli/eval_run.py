@@ -220,6 +220,8 @@ def run(arguments: argparse.Namespace, descriptions: list[DatasetOptions]) -> in
     if from_checkpoint:
         model = best_model(arguments.model)
         span = model.baseline_span
+        if model.reading_note:
+            logger.info(model.reading_note)
     else:
         stored = {BASELINE_SPAN_FILE: ""}
         # the command uses no metatrain code after it: metatensor's operations left out

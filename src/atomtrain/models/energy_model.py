@@ -92,7 +92,7 @@ class EnergyModel(torch.nn.Module):
     # model is built from again; baseline_span: the composition directions the training
     # data determined the baseline along (rows), None when unknown; trained_on: what the
     # model was trained on, for the exported model's description. None is TorchScript's.
-    __jit_ignored_attributes__ = ["hypers", "baseline_span", "trained_on"]
+    __jit_ignored_attributes__ = ["hypers", "baseline_span", "trained_on", "reading_note"]
 
     def __init__(self, hypers: dict[str, Any], cutoff: float):
         super().__init__()
@@ -101,6 +101,8 @@ class EnergyModel(torch.nn.Module):
         self.atomic_types = atomic_types
         self.baseline_span: list[list[float]] | None = None
         self.trained_on = ""
+        # what reading another program's file left out, for the log ("" if nothing)
+        self.reading_note = ""
         self.cutoff = float(cutoff)
         self.length_unit = "angstrom"
         self.energy_unit = "eV"

@@ -371,6 +371,8 @@ def prepare(
             f"default when unset: {FINETUNE_LEARNING_RATE:g}); its per-element energy "
             "baseline and target scale are kept"
         )
+        if pretrained.reading_note:
+            logger.info(pretrained.reading_note)
         if pretrained_energy and pretrained_energy[0] in energy_names:
             main = by_energy(training, model)[0][2]
             refit_undetermined_baseline(model, main, context)

@@ -12,6 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from ...errors import AtomtrainError
+from ...targets import is_direct
 from .model import PetModel
 from .options import ModelOptions
 
@@ -31,10 +32,12 @@ def read_pet_checkpoint(checkpoint: dict[str, Any], path: str) -> PetModel:
     data = checkpoint["model_data"]
     options = section_of(data["model_hypers"], path)
     info = vars(data["dataset_info"])
-    if sorted(info["targets"]) != ["energy"]:
+    direct = sorted(name for name in info["targets"] if is_direct(name))
+    if sorted(set(info["targets"]) - set(direct)) != ["energy"]:
         raise AtomtrainError(
             f"{path}: this PET has the targets {', '.join(sorted(info['targets']))}; atomtrain "
-            "reads a metatrain PET's energy head only (one target named energy)"
+            "reads a metatrain PET's energy head (one target named energy, and direct "
+            "forces and stress, which it leaves out)"
         )
     state = checkpoint["best_model_state_dict"] or checkpoint["model_state_dict"]
     if state.get("finetune_config"):
@@ -45,10 +48,11 @@ def read_pet_checkpoint(checkpoint: dict[str, Any], path: str) -> PetModel:
         )
     atomic_types = [int(z) for z in info["_atomic_types"]]
     model = PetModel(atomic_types, options)
+    # the direct heads' layers are named after their targets (node_heads.<target>...)
     weights = {
         name.removeprefix("backend."): value
         for name, value in state.items()
-        if name.startswith("backend.")
+        if name.startswith("backend.") and not any(f".{target}." in name for target in direct)
     }
     dtype = weights["edge_embedder.weight"].dtype
     model.set_precision(dtype)
@@ -62,6 +66,14 @@ def read_pet_checkpoint(checkpoint: dict[str, Any], path: str) -> PetModel:
     baseline = composition_energies(state, atomic_types, path)
     model.set_baseline(baseline, energy_scale(state, path))
     model.trained_on = f"metatrain checkpoint {path}"
+    if direct:
+        # PET-MAD's and UPET's direct heads are metatrain's own networks; atomtrain's
+        # direct targets have heads of their own, trained anew (docs/targets.md)
+        model.reading_note = (
+            f"{path}: its energy read; its direct heads ({', '.join(direct)}) left out: "
+            "to predict them, fine-tune with non_conservative_forces / "
+            "non_conservative_stress targets (new heads of atomtrain's)"
+        )
     return model
 
 
