@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from ..targets import TargetSpec
+from ..targets import TargetSpec, is_direct
 from .heads import NeighborBasis, TargetHead
+from .pair_heads import PairHead
 
 
 def mirrored_half(
@@ -164,13 +165,23 @@ class EnergyModel(torch.nn.Module):
         self.target_names = [spec.name for spec in specs]
         self.per_atom_targets = [spec.per_atom for spec in specs]
         self.per_volume_targets = [spec.per_volume for spec in specs]
-        matrices = any(irrep.o3_lambda == 2 for spec in specs for irrep in spec.blocks())
+        matrices = any(
+            irrep.o3_lambda == 2
+            for spec in specs
+            if not is_direct(spec.name)
+            for irrep in spec.blocks()
+        )
         self.basis = NeighborBasis(len(self.atomic_types), self.cutoff, matrices)
         width = self.feature_width()
         dtype = next(self.parameters()).dtype
         n_types, channels = len(self.atomic_types), self.basis.channels
         self.heads = torch.nn.ModuleList(
-            [TargetHead(spec, n_types, width, channels) for spec in specs]
+            [
+                PairHead(spec, n_types, width, self.cutoff)
+                if is_direct(spec.name)
+                else TargetHead(spec, n_types, width, channels)
+                for spec in specs
+            ]
         )
         self.variant_heads = torch.nn.ModuleList(
             [
@@ -375,7 +386,16 @@ class EnergyModel(torch.nn.Module):
             edge_vectors.to(features.dtype), pair_first, pair_second, element_index, mirrored
         )
         for index, head in enumerate(self.heads):
-            results[self.target_names[index]] = head(features, element_index, vectors, matrices)
+            results[self.target_names[index]] = head(
+                features,
+                element_index,
+                vectors,
+                matrices,
+                edge_vectors,
+                pair_first,
+                pair_second,
+                mirrored,
+            )
         return results
 
     @torch.jit.export
@@ -438,7 +458,14 @@ class EnergyModel(torch.nn.Module):
         )
         for index, head in enumerate(self.heads):
             results[self.target_names[index]] = head.last_layer_features(
-                features, element_index, vectors, matrices
+                features,
+                element_index,
+                vectors,
+                matrices,
+                edge_vectors,
+                pair_first,
+                pair_second,
+                mirrored,
             )
         return results
 

@@ -183,7 +183,13 @@ class TargetHead(torch.nn.Module):
         element_index: torch.Tensor,
         vectors: torch.Tensor,
         matrices: torch.Tensor,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        mirrored: bool,
     ) -> torch.Tensor:
+        """Each atom's values [atoms, width]; the pairs (``edge_vectors`` ...) are for
+        the direct targets' heads (pair_heads.PairHead), which take the same arguments."""
         n_atoms = features.shape[0]
         coefficients = self.coefficients(features, element_index).to(vectors.dtype)
         s = self.subtargets
@@ -242,6 +248,10 @@ class TargetHead(torch.nn.Module):
         element_index: torch.Tensor,
         vectors: torch.Tensor,
         matrices: torch.Tensor,
+        edge_vectors: torch.Tensor,
+        pair_first: torch.Tensor,
+        pair_second: torch.Tensor,
+        mirrored: bool,
     ) -> torch.Tensor:
         """The derivatives of each output value (components and subtargets, laid out as
         forward's) in the last linear map's weights, up to the scale: [atoms, width,
