@@ -122,25 +122,33 @@ def main() -> None:
 
     torch_settings(arguments.threads)
     atoms = ase.io.read(arguments.structure, index=0)
-    # the extensions the model needs (sphericart) were collected beside it at export
-    try:
-        atoms.calc = MetatomicCalculator(
-            str(arguments.model),
-            extensions_directory=str(arguments.model.parent / "extensions"),
-            # metatomic-ase would otherwise compute the per-atom energy uncertainty of an
-            # atomtrain model (LLPR) at every step and warn above 0.1 eV; atomic energies
-            # are not observed, and their uncertainties exceed the structure's
-            # (docs/uncertainty.md)
-            uncertainty_threshold=None,
-            non_conservative="forces" if arguments.non_conservative else False,
-        )
-    except ValueError as error:  # metatomic-ase: the model lacks the direct forces
-        print(
-            f"{arguments.model}: {error}; train it with a non_conservative_forces target "
-            "(docs/targets.md) or leave out --non-conservative",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+    # the extensions the model needs (sphericart) were collected beside it at export;
+    # direct forces with the direct stress where the model has it: metatomic-ase takes a
+    # periodic structure's stress with its forces, and by autograd it costs the backward
+    # pass that direct forces spare
+    modes: list[bool | str] = [True, "forces"] if arguments.non_conservative else [False]
+    for mode in modes:
+        try:
+            atoms.calc = MetatomicCalculator(
+                str(arguments.model),
+                extensions_directory=str(arguments.model.parent / "extensions"),
+                # metatomic-ase would otherwise compute the per-atom energy uncertainty
+                # of an atomtrain model (LLPR) at every step and warn above 0.1 eV;
+                # atomic energies are not observed, and their uncertainties exceed the
+                # structure's (docs/uncertainty.md)
+                uncertainty_threshold=None,
+                non_conservative=mode,
+            )
+            break
+        except ValueError as error:  # metatomic-ase: the model lacks a direct output
+            if mode != modes[-1]:
+                continue
+            print(
+                f"{arguments.model}: {error}; train it with a non_conservative_forces "
+                "target (docs/targets.md) or leave out --non-conservative",
+                file=sys.stderr,
+            )
+            sys.exit(2)
     generator = np.random.default_rng(arguments.seed)
     # thermalize_momenta is ASE 3.29's name for MaxwellBoltzmannDistribution
     thermalize = getattr(

@@ -363,9 +363,12 @@ class EnergyModel(torch.nn.Module):
         pair_second: torch.Tensor,
         atomic_numbers: torch.Tensor,
         mirrored: bool,
+        only: list[str] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Every target of each atom from one pass of the features, by name: each energy
-        [n_atoms] in float64 and each mtt:: target [n_atoms, width]."""
+        [n_atoms] in float64 and each mtt:: target [n_atoms, width]; of the targets other
+        than the energies, those of ``only`` when given (an engine asking the energy
+        alone of a model with other heads does not pay for them)."""
         element_index = self.type_to_index.index_select(0, atomic_numbers)
         features, energies = self.features_and_energies(
             edge_vectors, pair_first, pair_second, element_index, mirrored, self.learns_energy
@@ -380,22 +383,27 @@ class EnergyModel(torch.nn.Module):
             if self.variant_relative[index] and energies is not None:
                 variant = variant + results[self.energy_names[0]]
             results[self.energy_names[index + 1]] = variant
-        if len(self.heads) == 0:  # energies only (variants): no geometry basis
-            return results
+        asked = self.target_names if only is None else only
+        any_asked = False
+        for name in self.target_names:
+            any_asked = any_asked or name in asked
+        if not any_asked:
+            return results  # energies only (variants): no geometry basis
         vectors, matrices = self.basis(
             edge_vectors.to(features.dtype), pair_first, pair_second, element_index, mirrored
         )
         for index, head in enumerate(self.heads):
-            results[self.target_names[index]] = head(
-                features,
-                element_index,
-                vectors,
-                matrices,
-                edge_vectors,
-                pair_first,
-                pair_second,
-                mirrored,
-            )
+            if self.target_names[index] in asked:
+                results[self.target_names[index]] = head(
+                    features,
+                    element_index,
+                    vectors,
+                    matrices,
+                    edge_vectors,
+                    pair_first,
+                    pair_second,
+                    mirrored,
+                )
         return results
 
     @torch.jit.export

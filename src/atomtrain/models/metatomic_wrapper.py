@@ -193,6 +193,7 @@ class MetatomicEnergy(torch.nn.Module):
             pair_second,
             atom_types,
             True,
+            wanted,
         )
         for name in wanted:
             atomic = predictions[name]
