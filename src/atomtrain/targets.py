@@ -97,7 +97,8 @@ class TargetSpec:
 
     @property
     def symmetric(self) -> bool:
-        """A symmetric rank-2 tensor (the stress): no antisymmetric part."""
+        """A symmetric rank-2 tensor (the stress, which a file may hold in Voigt's six
+        values; its head, pair_heads.PairHead, makes it symmetric)."""
         return self.name == NON_CONSERVATIVE_STRESS
 
     @property
@@ -106,16 +107,11 @@ class TargetSpec:
 
     def blocks(self) -> list[Irrep]:
         """The irreps the heads make for it: a Cartesian rank-2 tensor is its trace (0, 1),
-        its antisymmetric part (1, -1) (unless symmetric) and its symmetric traceless
-        part (2, 1)."""
+        its antisymmetric part (1, -1) and its symmetric traceless part (2, 1)."""
         if self.kind == "scalar":
             return [Irrep(0, 1)]
-        if self.kind == "cartesian" and self.rank == 1:
-            return [Irrep(1, 1)]
         if self.kind == "cartesian":
-            if self.symmetric:
-                return [Irrep(0, 1), Irrep(2, 1)]
-            return [Irrep(0, 1), Irrep(1, -1), Irrep(2, 1)]
+            return [Irrep(1, 1)] if self.rank == 1 else [Irrep(0, 1), Irrep(1, -1), Irrep(2, 1)]
         return list(self.irreps)
 
     def isotropic_positions(self) -> list[int] | None:

@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # Molecular dynamics of ethanol in i-PI with an exported atomtrain model:
 #   bash run.sh ../../ethanol/model.pt nve     (or nvt)
+#   bash run.sh model.pt nve --non-conservative   (a model trained with direct forces)
 # i-PI integrates; its metatomic driver evaluates the model (forces and virial by
 # autograd) and talks to i-PI over a UNIX socket. Writes md.out, md.pos_0.extxyz and
 # md_ipi_<ensemble>.png (total energy and temperature over time).
 set -euo pipefail
 model=$(realpath -m "${1:-../../ethanol/model.pt}")
 ensemble=${2:-nve}
+# the model's direct forces (and stress, if it has them) instead of the energy's gradient
+direct=""
+case "${3:-}" in
+  "") ;;
+  --non-conservative) direct=",non_conservative=True" ;;
+  *) echo "${3}: unknown option; the third argument may be --non-conservative" >&2; exit 2 ;;
+esac
 # a missing input is one line and exit code 2, before i-PI starts
 if [ ! -f "$model" ]; then
   echo "$model: model file not found (the README's quick start writes examples/ethanol/model.pt)" >&2
@@ -30,7 +38,7 @@ server=$!
 # threads beside another job were 4x slower (docs/performance-notes.md); i-PI's metatomic
 # driver without TorchScript's shape specializations on a CPU (metatomic_driver.py)
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} i-pi-py_driver -m custom -P "$(pwd)/metatomic_driver.py" \
-  -u -a "$address" -o "template=start.xyz,model=$model,extensions=$(dirname "$model")/extensions" &
+  -u -a "$address" -o "template=start.xyz,model=$model,extensions=$(dirname "$model")/extensions$direct" &
 driver=$!
 # the driver retries until i-PI has opened the socket, and spins if i-PI dies: i-PI's
 # exit decides, and the driver is stopped with it

@@ -165,6 +165,7 @@ class EnergyModel(torch.nn.Module):
         self.target_names = [spec.name for spec in specs]
         self.per_atom_targets = [spec.per_atom for spec in specs]
         self.per_volume_targets = [spec.per_volume for spec in specs]
+        # the neighbor basis's matrices, for the heads of mtt:: targets that need them
         matrices = any(
             irrep.o3_lambda == 2
             for spec in specs

@@ -32,6 +32,17 @@ RADIAL_FUNCTIONS = 4
 HIDDEN_WIDTH = 32
 
 
+def smooth_radial(
+    distances: torch.Tensor, frequencies: torch.Tensor, cutoff: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sines of each pair's distance [pairs, frequencies] times a cosine envelope over
+    the distance, which vanish smoothly at the cutoff, and the envelope [pairs]."""
+    envelope = 0.5 * (torch.cos(math.pi * distances / cutoff) + 1.0)
+    envelope = torch.where(distances < cutoff, envelope, torch.zeros_like(envelope))
+    waves = torch.sin(distances.unsqueeze(1) * frequencies.to(distances.dtype))
+    return waves * (envelope / distances).unsqueeze(1), envelope
+
+
 class NeighborBasis(torch.nn.Module):
     """Each atom's vectors [atoms, K, 3] and symmetric traceless matrices [atoms, K, 3, 3]
     (K = radial functions x elements), from its neighbor pairs."""
@@ -50,10 +61,7 @@ class NeighborBasis(torch.nn.Module):
 
     def radial(self, distances: torch.Tensor) -> torch.Tensor:
         """[pairs, radial functions]: smooth radial functions of each pair's distance."""
-        envelope = 0.5 * (torch.cos(math.pi * distances / self.cutoff) + 1.0)
-        envelope = torch.where(distances < self.cutoff, envelope, torch.zeros_like(envelope))
-        waves = torch.sin(distances.unsqueeze(1) * self.frequencies.to(distances.dtype))
-        return waves * (envelope / distances).unsqueeze(1)
+        return smooth_radial(distances, self.frequencies, self.cutoff)[0]
 
     def forward(
         self,
@@ -320,11 +328,10 @@ class TargetHead(torch.nn.Module):
             return torch.cat(made, dim=1)
         if self.rank == 1:  # back from y, z, x to x, y, z
             return made[0] if vector_in_xyz else torch.roll(made[0], 1, 1)
-        trace, traceless = made[0], made[-1]  # [atoms, 1 | 5, s]
-        matrix = matrix_from_spherical(traceless.transpose(1, 2))  # [atoms, s, 3, 3]
-        if len(made) == 3:  # and an antisymmetric part [atoms, 3, s]
-            xyz = torch.roll(made[1], 1, 1)
-            matrix = matrix + antisymmetric_from(xyz.transpose(1, 2))
+        trace, axial, traceless = made[0], made[1], made[2]  # [atoms, 1 | 3 | 5, s]
+        xyz = torch.roll(axial, 1, 1)
+        antisymmetric = antisymmetric_from(xyz.transpose(1, 2))  # [atoms, s, 3, 3]
+        matrix = matrix_from_spherical(traceless.transpose(1, 2)) + antisymmetric
         identity = torch.eye(3, dtype=trace.dtype, device=trace.device)
         matrix = matrix + trace.transpose(1, 2).unsqueeze(-1) * identity
         return matrix.permute(0, 2, 3, 1)  # [atoms, 3, 3, s]

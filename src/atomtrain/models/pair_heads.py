@@ -19,6 +19,7 @@ import math
 import torch
 
 from ..targets import TargetSpec
+from .heads import smooth_radial
 
 HIDDEN_WIDTH = 64
 RADIAL_FUNCTIONS = 8
@@ -32,7 +33,6 @@ class PairHead(torch.nn.Module):
     def __init__(self, spec: TargetSpec, n_types: int, n_features: int, cutoff: float):
         super().__init__()
         self.matrix = spec.rank == 2
-        self.width = spec.width
         self.cutoff = cutoff
         self.center = torch.nn.Linear(n_features, HIDDEN_WIDTH)
         self.neighbor = torch.nn.Linear(n_features, HIDDEN_WIDTH, bias=False)
@@ -102,11 +102,7 @@ class PairHead(torch.nn.Module):
         first, second = pair_first[:count], pair_second[:count]
         distances = torch.linalg.vector_norm(vectors, dim=1)
         directions = vectors / distances.unsqueeze(1)
-        inside = distances < self.cutoff
-        envelope = 0.5 * (torch.cos(math.pi * distances / self.cutoff) + 1.0)
-        envelope = torch.where(inside, envelope, torch.zeros_like(envelope))
-        waves = torch.sin(distances.unsqueeze(1) * self.frequencies.to(distances.dtype))
-        radial = waves * (envelope / distances).unsqueeze(1)
+        radial, envelope = smooth_radial(distances, self.frequencies, self.cutoff)
         atoms = self.center(features) + self.element(element_index)
         hidden = (
             atoms.index_select(0, first)
