@@ -342,6 +342,21 @@ def test_md_examples_refuse_missing_files_in_one_line(ethanol, tmp_path):
     assert f"{missing}: output directory not found" in line
 
 
+@pytest.mark.slow
+def test_md_examples_refuse_direct_forces_of_a_model_without_them(ethanol, tmp_path):
+    """``--non-conservative`` with a model trained without direct forces: the MD
+    examples say so and exit 2; i-PI, whose driver fails, is not left waiting for it."""
+    model, _ = ethanol
+    commands = [
+        [sys.executable, str(EXAMPLES / "md" / "ase_md.py"), str(model), "--non-conservative"],
+        ["bash", str(EXAMPLES / "md" / "ipi" / "run.sh"), str(model), "nve", "--non-conservative"],
+    ]
+    for command, said in zip(commands, ["non_conservative_force", "does not support non-conserv"]):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert said in result.stderr.strip().splitlines()[-1]
+
+
 def test_the_torchsim_example_without_torchsim_is_one_line():
     """Where TorchSim is not installed (it needs Python 3.12 from version 0.5), its
     example says what to install in one line, exit code 2, not a traceback."""

@@ -22,7 +22,7 @@ from atomtrain.targets import NON_CONSERVATIVE_FORCE, NON_CONSERVATIVE_STRESS
 from atomtrain.training.checkpoint import load_checkpoint, model_from_checkpoint
 from atomtrain.training.evaluation import predict
 
-from conftest import RESOURCES
+from conftest import EXAMPLES, RESOURCES
 from helpers import ENGINE_SETTINGS, TINY_PET, environment, run_directories, write_options
 
 PYTHON = sys.executable
@@ -149,6 +149,21 @@ def test_the_export_gives_the_direct_forces_and_stress_to_metatomic_ase(direct_r
         # the direct forces are another output than the energy's gradient
         assert np.abs(direct - conservative[index]).max() > 1e-3
     assert np.abs(np.array(found["old name"]) - forces[0]).max() <= 1e-9 * np.abs(forces).max()
+
+
+def test_ase_md_runs_on_the_direct_forces(direct_run, tmp_path):
+    directory, _ = direct_run
+    script = EXAMPLES / "md" / "ase_md.py"
+    result = subprocess.run(
+        [PYTHON, str(script), str(directory / "model.pt"), "--structure", str(SILICON)]
+        + ["--steps", "5", "--non-conservative", "--output", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "5 steps of 0.5 fs, 63 atoms" in result.stdout
+    assert len((tmp_path / "md_nve.csv").read_text().splitlines()) == 7  # header, 6 rows
 
 
 def test_the_log_and_eval_report_the_direct_targets_errors(direct_run, tmp_path):

@@ -38,11 +38,18 @@ server=$!
 # threads beside another job were 4x slower (docs/performance-notes.md); i-PI's metatomic
 # driver without TorchScript's shape specializations on a CPU (metatomic_driver.py)
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} i-pi-py_driver -m custom -P "$(pwd)/metatomic_driver.py" \
-  -u -a "$address" -o "template=start.xyz,model=$model,extensions=$(dirname "$model")/extensions$direct" &
+  -u -a "$address" -o "template=start.xyz,model=$model,extensions=$(dirname "$model")/extensions$direct" \
+  > driver.log 2>&1 &
 driver=$!
 # the driver retries until i-PI has opened the socket, and spins if i-PI dies: i-PI's
-# exit decides, and the driver is stopped with it
+# exit decides, and the driver is stopped with it; a driver that fails (a model without
+# the outputs asked) would leave i-PI waiting for it forever, so its failure ends the run
 trap 'kill $server $driver 2>/dev/null || true' EXIT
+while kill -0 $server 2>/dev/null && kill -0 $driver 2>/dev/null; do sleep 0.2; done
+if kill -0 $server 2>/dev/null && ! wait $driver; then
+  echo "the model's driver stopped: $(grep -v '^[[:space:]]*$' driver.log | tail -n 1) (see $(pwd)/driver.log)" >&2
+  exit 2
+fi
 if ! wait $server; then
   echo "i-PI stopped with an error; see $(pwd)/ipi.log" >&2
   exit 1
