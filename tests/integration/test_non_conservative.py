@@ -233,3 +233,31 @@ def test_a_model_trained_on_direct_forces_fine_tunes_to_conservative_ones(tmp_pa
         predicted = predict(model, batch, True, False)["forces"].detach()
         errors[name] = float(torch.sqrt(((predicted - batch.forces) ** 2).mean()))
     assert errors["finetuned"] < 0.8 * errors["pretrained"], errors
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_one_process_direct_heads(tmp_path):
+    """The direct heads' baselines and scales (the stress's per volume) and losses are
+    sums over every process: --nproc 2 gives the one-process model."""
+    targets = {"energy": {"key": "energy", "forces": True, "stress": True}, **DIRECT}
+    states = []
+    for extra in ([], ["--nproc", "2"]):
+        directory = tmp_path / f"run{len(states)}"
+        directory.mkdir()
+        options = options_with(directory, targets)
+        result = subprocess.run(
+            [PYTHON, "-m", "atomtrain", "train", str(options), "--run-dir", "run", *extra],
+            cwd=directory,
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        states.append(torch.load(directory / "run" / "last.ckpt", weights_only=True))
+    one, two = (state["model_state"] for state in states)
+    assert any(name.startswith("heads.1.") for name in one)  # the stress's head
+    for name, value in one.items():
+        if value.is_floating_point():
+            difference = (two[name] - value).abs().max()
+            assert difference <= 1e-8 * value.abs().max().clamp_min(1e-12), name

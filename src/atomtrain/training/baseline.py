@@ -355,4 +355,7 @@ def fit_target_baselines(
             for z, row in zip(types, baseline.tolist())
         )
         fitted = f"per-element baseline {listing}; " if spec.isotropic_positions() else ""
-        logger.info(f"{spec.name}: {fitted}scale {scale:.6g} {spec.unit}".rstrip())
+        if spec.per_volume:  # fitted to the values times the volume: the virial's units
+            logger.info(f"{spec.name} times the cell volume: {fitted}scale {scale:.6g}")
+        else:
+            logger.info(f"{spec.name}: {fitted}scale {scale:.6g} {spec.unit}".rstrip())
