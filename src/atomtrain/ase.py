@@ -25,7 +25,7 @@ from .models.export import (
     load_exported,
     unspecialized_on_cpu,
 )
-from .targets import TargetSpec
+from .targets import NON_CONSERVATIVE_FORCE, NON_CONSERVATIVE_STRESS, TargetSpec
 
 
 class Calculator(AseCalculator):
@@ -42,6 +42,7 @@ class Calculator(AseCalculator):
         device: str = "cpu",
         threads: int | None = 1,
         variant: str | None = None,
+        non_conservative: bool = False,
         **kwargs,
     ):
         """``threads``: torch's threads in this process (``torch.set_num_threads``, set
@@ -51,7 +52,10 @@ class Calculator(AseCalculator):
         machine"). Changing the count around every call instead cost more than it saved
         on a busy machine (torch resizes a thread pool each time). ``variant``: which
         energy of a model trained on several ("r2scan" for energy/r2scan; unset:
-        "energy", or the model's only one)."""
+        "energy", or the model's only one). ``non_conservative``: forces (less their net
+        force) and stress from the model's direct outputs (its non_conservative_force and
+        non_conservative_stress targets), without a backward pass, as metatomic-ase's
+        ``non_conservative=True``."""
         super().__init__(**kwargs)
         if threads is not None:
             torch.set_num_threads(threads)
@@ -75,6 +79,15 @@ class Calculator(AseCalculator):
             *(["energy", "free_energy", "forces", "stress"] if self.learns_energy else []),
             *(name for name, _ in self.targets),
         ]
+        self.non_conservative = non_conservative
+        learnt = [name for name, _ in self.targets]
+        # without a direct stress, the stress by autograd (as metatomic-ase's "forces")
+        self.direct_stress = non_conservative and NON_CONSERVATIVE_STRESS in learnt
+        if non_conservative and NON_CONSERVATIVE_FORCE not in learnt:
+            raise AtomtrainError(
+                f"{model_path} has no direct forces ({NON_CONSERVATIVE_FORCE}); train it with "
+                "a non_conservative_forces target, or leave out non_conservative"
+            )
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)
@@ -91,6 +104,7 @@ class Calculator(AseCalculator):
             atoms.positions, atoms.cell.array, pbc, self.cutoff
         ).full()
         compute_stress = bool(pbc.all()) and self.learns_energy
+        compute_forces = self.learns_energy and not self.non_conservative
 
         def tensor(value, dtype=None):
             return torch.as_tensor(value, dtype=dtype or self.dtype, device=self.device)
@@ -105,8 +119,8 @@ class Calculator(AseCalculator):
                 pair_second=second.to(self.device),
                 cell_shifts=tensor(shifts),
                 periodic=tensor([bool(pbc.any())], torch.bool),
-                compute_forces=self.learns_energy,
-                compute_stress=compute_stress,
+                compute_forces=compute_forces,
+                compute_stress=compute_stress and not self.direct_stress,
                 create_graph=False,
                 **(
                     {"energy_variant": torch.tensor([self.energy_variant], device=self.device)}
@@ -123,9 +137,13 @@ class Calculator(AseCalculator):
         energy = float(outputs["energy"].detach().cpu()[0])
         self.results["energy"] = energy
         self.results["free_energy"] = energy
-        self.results["forces"] = outputs["forces"].detach().cpu().numpy().astype(np.float64)
+        forces = outputs["forces"] if compute_forces else outputs[NON_CONSERVATIVE_FORCE]
+        if not compute_forces:
+            forces = forces - forces.mean(dim=0, keepdim=True)  # no net force
+        self.results["forces"] = forces.detach().cpu().numpy().astype(np.float64)
         if compute_stress:
-            stress = outputs["stress"].detach().cpu().numpy()[0].astype(np.float64)
+            stress = outputs[NON_CONSERVATIVE_STRESS if self.direct_stress else "stress"]
+            stress = stress.detach().cpu().numpy()[0].astype(np.float64)
             self.results["stress"] = stress.reshape(9)[[0, 4, 8, 5, 2, 1]]
 
     def warn_if_undetermined(self, numbers: np.ndarray) -> None:

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from atomtrain.ase import Calculator
 from atomtrain.data.conventions import TargetKeys
 from atomtrain.data.reading import read_structures
 from atomtrain.targets import NON_CONSERVATIVE_FORCE, NON_CONSERVATIVE_STRESS
@@ -149,6 +150,25 @@ def test_the_export_gives_the_direct_forces_and_stress_to_metatomic_ase(direct_r
         # the direct forces are another output than the energy's gradient
         assert np.abs(direct - conservative[index]).max() > 1e-3
     assert np.abs(np.array(found["old name"]) - forces[0]).max() <= 1e-9 * np.abs(forces).max()
+
+
+def test_atomtrains_calculator_gives_the_direct_forces_and_stress(direct_run):
+    directory, run = direct_run
+    trained = model_from_checkpoint(load_checkpoint(run / "best.ckpt"), best=True)
+    structures = read_structures(SILICON, TargetKeys(others=tuple(trained.target_specs())))
+    batch = structures.batch([0], trained.cutoff).to("cpu", torch.float64)
+    expected = predict(trained, batch, True, True)
+    forces = expected[NON_CONSERVATIVE_FORCE].detach().numpy()
+    atoms = ase.io.read(SILICON, 0)
+    atoms.calc = Calculator(str(directory / "model.pt"), non_conservative=True)
+    direct = forces - forces.mean(axis=0)
+    assert np.abs(atoms.get_forces() - direct).max() <= 1e-9 * np.abs(direct).max()
+    stress = expected[NON_CONSERVATIVE_STRESS].detach().numpy().reshape(3, 3)
+    found = atoms.get_stress(voigt=False)
+    assert np.abs(found - stress).max() <= 1e-9 * np.abs(stress).max()
+    atoms.calc = Calculator(str(directory / "model.pt"))
+    conservative = expected["forces"].detach().numpy()
+    assert np.abs(atoms.get_forces() - conservative).max() <= 1e-9 * np.abs(conservative).max()
 
 
 def test_ase_md_runs_on_the_direct_forces(direct_run, tmp_path):
