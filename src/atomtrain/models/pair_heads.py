@@ -1,16 +1,18 @@
 """Heads for the direct (non-conservative) forces and stress: sums of terms of each
 neighbor pair, as a force field's forces and virial are.
 
-A pair (i, j) gets an invariant weight ``w_ij`` from both atoms' features, i's element
-and the distance (a network on their sum, times a smooth envelope that vanishes at the
-cutoff). The force on i is ``sum_j w_ij r_ij/|r_ij|``; i's contribution to the stress
-is ``sum_j w_ij r_ij r_ij^T/|r_ij|^2`` plus a per-element baseline times the identity,
+A pair (i, j) gets an invariant weight ``w_ij`` from both atoms' features and i's
+element, filtered by radial functions of the distance (a network on the product, times
+a smooth envelope that vanishes at the cutoff). The force on i is
+``sum_j w_ij r_ij/|r_ij|``; i's contribution to the stress is
+``sum_j w_ij r_ij r_ij^T/|r_ij|^2`` plus a per-element baseline times the identity,
 summed over the structure and divided by its volume by the model. Invariant weights
 times vectors and their outer products are exactly equivariant, and the stress is
 symmetric. A head of a fixed basis on i's features alone (heads.TargetHead) learnt
-ethanol's forces some eight times worse than the energy's gradient did; the neighbor's
-features in each pair's weight are what direct forces need (as PET's edge heads, or
-direct-force heads of GemNet and PaiNN, use them)."""
+ethanol's forces some eight times worse than the energy's gradient did (357 against 46
+meV/A); with the neighbor's features in each pair's weight, 66: they are what direct
+forces need (as PET's edge heads, or the direct-force heads of GemNet and PaiNN, use
+them)."""
 
 from __future__ import annotations
 
@@ -104,11 +106,11 @@ class PairHead(torch.nn.Module):
         directions = vectors / distances.unsqueeze(1)
         radial, envelope = smooth_radial(distances, self.frequencies, self.cutoff)
         atoms = self.center(features) + self.element(element_index)
+        # the distance filters the two atoms' terms (SchNet's continuous filter): added
+        # instead, ethanol's direct forces were 91 meV/A against 66
         hidden = (
-            atoms.index_select(0, first)
-            + self.neighbor(features).index_select(0, second)
-            + self.distance(radial)
-        )
+            atoms.index_select(0, first) + self.neighbor(features).index_select(0, second)
+        ) * self.distance(radial)
         hidden = self.network[2](self.network[1](self.network[0](hidden)))
         if self.matrix:
             geometry = (directions.unsqueeze(2) * directions.unsqueeze(1)).reshape(-1, 9)
