@@ -264,17 +264,8 @@ def test_two_processes_train_the_one_process_direct_heads(tmp_path):
     for extra in ([], ["--nproc", "2"]):
         directory = tmp_path / f"run{len(states)}"
         directory.mkdir()
-        options = options_with(directory, targets)
-        result = subprocess.run(
-            [PYTHON, "-m", "atomtrain", "train", str(options), "--run-dir", "run", *extra],
-            cwd=directory,
-            env=environment(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        states.append(torch.load(directory / "run" / "last.ckpt", weights_only=True))
+        run = train(directory, options_with(directory, targets), *extra)
+        states.append(torch.load(run / "last.ckpt", weights_only=True))
     one, two = (state["model_state"] for state in states)
     assert any(name.startswith("heads.1.") for name in one)  # the stress's head
     for name, value in one.items():
