@@ -72,8 +72,9 @@ def over_volumes(
     system_index: torch.Tensor,
     per_atom: bool,
 ) -> torch.Tensor:
-    """A per-volume target's values [structures, ...] (or [atoms, ...]) over their
-    cells' volumes."""
+    """A per-volume target's values [structures, ...] (or [atoms, ...], or any samples
+    when ``per_atom``: each row over its ``system_index`` entry's cell) over their cells'
+    volumes."""
     inverse = inverse_volumes(cell, periodic).to(values.dtype)
     if per_atom:
         inverse = inverse.index_select(0, system_index)

@@ -12,7 +12,7 @@ from metatensor.torch import Labels, TensorBlock, TensorMap
 from metatomic.torch import ModelOutput, NeighborListOptions, System
 
 from ..targets import TargetSpec
-from .energy_model import EnergyModel, ensemble_name, inverse_volumes, uncertainty_name
+from .energy_model import EnergyModel, ensemble_name, over_volumes, uncertainty_name
 
 
 class MetatomicEnergy(torch.nn.Module):
@@ -211,17 +211,19 @@ class MetatomicEnergy(torch.nn.Module):
                 continue
             index = self.target_names.index(name)
             if self.model.per_volume_targets[index]:
-                values = values * self.inverse_volumes(systems, samples).unsqueeze(1)
+                values = self.over_volumes(values, systems, samples)
             results[name] = self.target_map(index, values, samples)
         return results
 
-    def inverse_volumes(self, systems: List[System], samples: Labels) -> torch.Tensor:
-        """1 / the cell's volume of each sample's system (0 for a system periodic in no
-        direction), as the model's forward divides a per-volume target."""
+    def over_volumes(
+        self, values: torch.Tensor, systems: List[System], samples: Labels
+    ) -> torch.Tensor:
+        """A per-volume target's values over the cell volume of each sample's system, as
+        the model's forward divides them (each sample indexed by its system)."""
         cells = torch.stack([system.cell for system in systems])
         periodic = torch.stack([torch.any(system.pbc) for system in systems])
-        inverse = inverse_volumes(cells, periodic)
-        return inverse.index_select(0, samples.column("system").to(torch.long))
+        systems_of = samples.column("system").to(torch.long)
+        return over_volumes(values, cells, periodic, systems_of, True)
 
     def add_uncertainties(
         self,
@@ -257,7 +259,7 @@ class MetatomicEnergy(torch.nn.Module):
             if output not in self.energy_names:
                 position = self.target_names.index(output)
                 if self.model.per_volume_targets[position]:
-                    values = values * self.inverse_volumes(systems, samples).unsqueeze(1)
+                    values = self.over_volumes(values, systems, samples)
             sigma = self.model.uncertainties_of(
                 output, values.reshape(values.shape[0], atomic.shape[1], atomic.shape[2])
             )
