@@ -61,7 +61,6 @@ def _loss_from_metatrain(spec: dict) -> dict:
             f"losses for {unknown}: atomtrain learns 'energy', mtt::<name> targets and "
             "non_conservative_forces / non_conservative_stress"
         )
-    spec = {canonical_name(name): part for name, part in spec.items()}
     energy = spec.get("energy", {})
     energy = {"type": energy} if isinstance(energy, str) else dict(energy)
     parts = {"energy": energy}
@@ -130,9 +129,7 @@ class LossOptions(Strict):
     def _target_weights_in_weights(cls, value: Any) -> Any:
         if isinstance(value, dict) and isinstance(value.get("weights"), dict):
             weights = dict(value["weights"])
-            others = {
-                canonical_name(k): weights.pop(k) for k in list(weights) if is_other_target(str(k))
-            }
+            others = {k: weights.pop(k) for k in list(weights) if is_other_target(str(k))}
             if others:
                 value = {
                     **value,
@@ -147,6 +144,14 @@ class LossOptions(Strict):
     target_deltas: dict[str, Annotated[float, Field(gt=0)]] = {}
     """The Huber threshold of each mtt:: target, by name (``huber_delta`` for those not
     listed), in the target's units."""
+
+    @field_validator("target_weights", "target_types", "target_deltas", mode="before")
+    @classmethod
+    def _targets_by_their_names_now(cls, value: Any) -> Any:
+        """non_conservative_forces, as metatrain spells it, is non_conservative_force."""
+        if isinstance(value, dict):
+            return {canonical_name(str(name)): part for name, part in value.items()}
+        return value
 
     def target_weight(self, name: str) -> float:
         return float(self.target_weights.get(name, 1.0))

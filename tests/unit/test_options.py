@@ -11,7 +11,7 @@ import yaml
 from atomtrain.errors import OptionsError
 from atomtrain.models import registry
 from atomtrain.models.architecture import DataFacts
-from atomtrain.options import load_options, parse_options
+from atomtrain.options import LossOptions, load_options, parse_options
 from atomtrain.training.datasets import file_labels
 
 from conftest import RESOURCES, ROOT
@@ -159,6 +159,15 @@ def test_metatrains_non_conservative_targets_are_read_by_their_names():
     )
     assert stress.symmetric and stress.per_volume and not force.per_volume
     assert options.architecture.training.loss.target_weight("non_conservative_force") == 3.0
+    # atomtrain's own keys take the old name too
+    own = LossOptions.model_validate(
+        {
+            "target_weights": {"non_conservative_forces": 2.0},
+            "target_types": {"non_conservative_forces": "mae"},
+        }
+    )
+    assert own.target_weight("non_conservative_force") == 2.0
+    assert own.target_loss("non_conservative_force")[0] == "mae"
 
 
 @pytest.mark.parametrize(
