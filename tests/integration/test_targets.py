@@ -365,6 +365,10 @@ def one_line_error(result, *parts):
             {"key": "polarizability", "per_atom": True},
             ["no 'polarizability' in the frame's per-atom arrays", "set per_atom: false"],
         ),
+        (  # metatomic, which the exported model declares it to, refuses it: said first
+            {**POLARISABILITY, "unit": "bohr^3/angstrum"},
+            ["mtt::polarizability: unit 'bohr^3/angstrum'", "unknown unit 'angstrum'"],
+        ),
     ],
 )
 def test_bad_targets_get_one_line(tmp_path, target, parts):

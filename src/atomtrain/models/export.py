@@ -59,6 +59,16 @@ def metatomic_torch(last_use: bool = False) -> types.ModuleType:
     return metatomic.torch
 
 
+def output_unit_problem(unit: str) -> str | None:
+    """Why metatomic, which the export hands every output's unit to, refuses ``unit``,
+    or None: asked before training, not found at its end."""
+    try:
+        metatomic_torch().ModelOutput(unit=unit)
+    except (RuntimeError, ValueError) as error:
+        return first_line(error)
+    return None
+
+
 def atomistic_model(model: EnergyModel):
     """``model`` as a metatomic AtomisticModel, in eval mode on CPU."""
     metatomic = metatomic_torch(last_use=True)  # an export ends the train and export commands

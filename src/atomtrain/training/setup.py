@@ -21,6 +21,7 @@ from ..errors import AtomtrainError, DataError, OptionsError
 from ..models import registry
 from ..models.architecture import Architecture, DataFacts
 from ..models.energy_model import EnergyModel
+from ..models.export import output_unit_problem
 from ..options import FINETUNE_LEARNING_RATE, PRODUCT_METRICS, Options, TrainingOptions
 from ..targets import TargetSpec
 from .baseline import (
@@ -180,6 +181,13 @@ def training_targets(options: Options) -> tuple[list[TargetSpec], list[str]]:
         )
     if not any(with_energy) and not specs:
         raise OptionsError("training_set: no target to learn; give 'energy' or mtt:: targets")
+    for spec in specs.values():
+        problem = output_unit_problem(spec.unit) if spec.unit else None
+        if problem:
+            raise OptionsError(
+                f"training_set: target {spec.name}: unit '{spec.unit}': {problem}; the exported "
+                "model declares it to metatomic: give a unit it knows (e.g. eV/angstrom)"
+            )
     names = [d.targets.energy_name for d in options.training_set if d.targets.energy is not None]
     energies = sorted(dict.fromkeys(names), key=lambda name: name != "energy")
     return list(specs.values()), energies
